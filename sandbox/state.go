@@ -1,0 +1,190 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/gofrs/flock"
+)
+
+// StateVersion is the version of the state file format written by this build.
+const StateVersion = 1
+
+// State is what agents-sandbox remembers about one checkout, stored as JSON in
+// <state dir>/state.json. Unknown future versions are refused, never
+// overwritten.
+type State struct {
+	Version int `json:"version"`
+	// Agents holds per-agent state, keyed by agent name.
+	Agents map[string]*AgentState `json:"agents,omitempty"`
+	// UpdatedAt is when the file was last written (UTC).
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// AgentState is the state of one agent's VM in a checkout.
+type AgentState struct {
+	HomeVolume  string    `json:"home_volume,omitempty"`
+	VM          string    `json:"vm,omitempty"`
+	ImageID     string    `json:"image_id,omitempty"`
+	Fingerprint string    `json:"fingerprint,omitempty"`
+	CreatedAt   time.Time `json:"created_at,omitempty"`
+	LastUsed    time.Time `json:"last_used,omitempty"`
+	// Provisioned maps a path under /home/dev to the sha256 of the content
+	// provisioning last wrote there.
+	Provisioned map[string]string `json:"provisioned,omitempty"`
+	// Placeholders maps a secret name to its per-VM placeholder.
+	Placeholders map[string]string `json:"placeholders,omitempty"`
+}
+
+// StateFile is the path of the state file inside a state dir.
+func StateFile(stateDir string) string { return filepath.Join(stateDir, "state.json") }
+
+// LoadState reads the state file in stateDir. A missing file gives an empty
+// state at the current version. Errors: unreadable or corrupt file, or a
+// version newer than this build understands.
+func LoadState(stateDir string) (*State, error) {
+	path := StateFile(stateDir)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return &State{Version: StateVersion, Agents: map[string]*AgentState{}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state %q: %w", path, err)
+	}
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("read state %q: corrupt (%w); move it aside to start fresh", path, err)
+	}
+	if s.Version > StateVersion {
+		return nil, fmt.Errorf("read state %q: version %d is newer than this agents-sandbox understands (%d); upgrade agents-sandbox", path, s.Version, StateVersion)
+	}
+	if s.Version == 0 {
+		s.Version = StateVersion
+	}
+	if s.Agents == nil {
+		s.Agents = map[string]*AgentState{}
+	}
+	return &s, nil
+}
+
+// Agent returns the state of agent, creating it if missing.
+func (s *State) Agent(agent string) *AgentState {
+	if s.Agents == nil {
+		s.Agents = map[string]*AgentState{}
+	}
+	a := s.Agents[agent]
+	if a == nil {
+		a = &AgentState{}
+		s.Agents[agent] = a
+	}
+	return a
+}
+
+// SaveState writes s to stateDir atomically: a temp file in the same
+// directory, fsync, rename, fsync of the directory. A crash at any point
+// leaves either the old file or the new one, never a mix.
+func SaveState(stateDir string, s *State) error {
+	s.Version = StateVersion
+	s.UpdatedAt = time.Now().UTC()
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	return WriteFileAtomic(StateFile(stateDir), append(data, '\n'), 0o600)
+}
+
+// WriteFileAtomic writes data to path via a temp file, fsync and rename,
+// creating parent directories (0700). perm applies to the new file.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("write %q: %w", path, err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %q: %w", path, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(perm); err != nil {
+		return fmt.Errorf("write %q: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write %q: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("write %q: fsync: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %q: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %q: rename: %w", path, err)
+	}
+	ok = true
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// Lock is an exclusive advisory lock on a file (flock(2)). The kernel drops it
+// when the holding process dies, so a killed process never leaves it held.
+type Lock struct{ fl *flock.Flock }
+
+// LockFile returns the path of the named lock in a state dir.
+func LockFile(stateDir, name string) string { return filepath.Join(stateDir, name+".lock") }
+
+// AcquireLock takes the exclusive lock at path, waiting until ctx is done.
+// It polls every 50 ms. Errors: the lock file cannot be created, or ctx ended
+// first (the error wraps ctx.Err()).
+func AcquireLock(ctx context.Context, path string) (*Lock, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("lock %q: %w", path, err)
+	}
+	fl := flock.New(path)
+	ok, err := fl.TryLockContext(ctx, 50*time.Millisecond)
+	if err != nil {
+		return nil, fmt.Errorf("lock %q: %w", path, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("lock %q: not acquired", path)
+	}
+	return &Lock{fl: fl}, nil
+}
+
+// TryLock takes the lock at path if it is free and reports whether it did.
+func TryLock(path string) (*Lock, bool, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, false, fmt.Errorf("lock %q: %w", path, err)
+	}
+	fl := flock.New(path)
+	ok, err := fl.TryLock()
+	if err != nil {
+		return nil, false, fmt.Errorf("lock %q: %w", path, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	return &Lock{fl: fl}, true, nil
+}
+
+// Unlock releases the lock. It is safe to call more than once.
+func (l *Lock) Unlock() error {
+	if l == nil || l.fl == nil {
+		return nil
+	}
+	return l.fl.Unlock()
+}
