@@ -48,8 +48,9 @@ const (
 // (agents-sandbox-<checkout-slug>-<agent>, …). Such artifacts are still found and reused.
 const LegacyPrefix = "agents-sandbox-"
 
-// ErrNotCheckout is returned by Resolve for a directory that is not inside a
-// git checkout when the caller asked for a strict resolution.
+// ErrNotCheckout says a directory is not inside a git checkout. Resolve never
+// returns it (a plain directory is its own project); callers that need a
+// checkout return it when Identity.Git is false.
 var ErrNotCheckout = errors.New("not a git checkout")
 
 // Identity is a resolved project: where its checkout is and the slugs that key
@@ -88,9 +89,22 @@ type Identity struct {
 //
 // dir may be the checkout root, any directory below it, a linked worktree
 // (inside or outside the checkout directory) or the directory holding a bare
-// `.git`. A directory outside any git checkout is not an error: it is its own
-// project, keyed by its resolved path (Git is false, the repo slug equals the
-// checkout slug). Errors: dir does not exist or is not a directory; git fails.
+// `.git`. Symlinks are resolved first, so every path to the same checkout
+// gives the same identity. The checkout slug hashes the resolved git common
+// dir; a linked worktree outside its checkout's directory hashes its own git
+// dir (`<common>/worktrees/<name>`) instead and is its own project.
+//
+// Fallback for non-checkouts: a directory outside any git checkout is not an
+// error. It is its own project: ProjectDir is the directory itself, Git is
+// false, the checkout slug is `<dir name>-<hash of the resolved path>` and the
+// repo slug equals it. Callers that require a checkout test Identity.Git and
+// return ErrNotCheckout.
+//
+// git runs with the user's configuration but without GIT_DIR, GIT_WORK_TREE
+// and the other variables that would point it at another repository.
+// Errors: dir does not exist or is not a directory; git is not installed;
+// git fails for a reason other than "not a git repository" (a repository
+// owned by another user, say — the error quotes git).
 func Resolve(dir string) (Identity, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -113,12 +127,13 @@ func Resolve(dir string) (Identity, error) {
 	if gitErr != nil {
 		// A directory holding a bare `.git` (project/.git bare, worktrees
 		// inside project/): git from project/ itself does not see it.
-		if bareDir := filepath.Join(real, ".git"); isBareRepo(bareDir) {
+		switch bareDir := filepath.Join(real, ".git"); {
+		case isBareRepo(bareDir):
 			common = bareDir
-		} else if errors.Is(gitErr, errGitMissing) {
-			return Identity{}, fmt.Errorf("resolve %q: %w", dir, gitErr)
-		} else {
+		case errors.Is(gitErr, errNotRepo):
 			return resolveNonGit(id), nil
+		default:
+			return Identity{}, fmt.Errorf("resolve %q: %w", dir, gitErr)
 		}
 	}
 	common, err = filepath.EvalSymlinks(common)
@@ -166,7 +181,7 @@ func Resolve(dir string) (Identity, error) {
 	}
 	id.RelDir = relSlash(id.ProjectDir, real)
 
-	origin, _ := gitOut(common, "config", "--get", "remote.origin.url")
+	origin, _ := gitOut(common, "--git-dir="+common, "config", "--get", "remote.origin.url")
 	if origin == "" && id.WorkTree != "" {
 		origin, _ = gitOut(real, "config", "--get", "remote.origin.url")
 	}
@@ -188,25 +203,57 @@ func resolveNonGit(id Identity) Identity {
 	return id
 }
 
-var errGitMissing = errors.New("git is not installed (install it with your package manager, e.g. apt-get install git)")
+var (
+	errGitMissing = errors.New("git is not installed (install it with your package manager, e.g. apt-get install git)")
+	// errNotRepo marks git's "not a git repository" failure.
+	errNotRepo = errors.New("not a git repository")
+)
 
+// gitOut runs `git -C dir args...` and returns its trimmed standard output.
+// Errors wrap errGitMissing, errNotRepo (git found no repository) or the
+// exit error with git's standard error quoted.
 func gitOut(dir string, args ...string) (string, error) {
 	if _, err := exec.LookPath("git"); err != nil {
 		return "", errGitMissing
 	}
 	cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
-	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	cmd.Env = append(gitEnv(os.Environ()), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		msg := strings.TrimSpace(stderr.String())
+		if strings.Contains(msg, "not a git repository") {
+			err = errNotRepo
+		}
+		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, msg)
 	}
 	return strings.TrimSpace(string(out)), nil
 }
 
+// gitEnv drops the variables that point git at a repository other than the
+// one found from its working directory (set, e.g., inside a git hook).
+func gitEnv(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		switch name, _, _ := strings.Cut(kv, "="); name {
+		case "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_INDEX_FILE",
+			"GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+			"GIT_NAMESPACE", "GIT_PREFIX":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// isBareRepo reports whether dir is a bare repository. It names the
+// repository explicitly, so safe.bareRepository=explicit does not hide it.
 func isBareRepo(dir string) bool {
-	out, err := gitOut(dir, "rev-parse", "--is-bare-repository")
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return false
+	}
+	out, err := gitOut(dir, "--git-dir="+dir, "rev-parse", "--is-bare-repository")
 	return err == nil && out == "true"
 }
 
@@ -224,14 +271,15 @@ func relSlash(base, path string) string {
 }
 
 var (
-	scpLike   = regexp.MustCompile(`^(?:[^@/]+@)?([^:/]+):(.*)$`)
-	schemeURL = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^@/]*@)?([^/:]*)(?::\d*)?(/.*)?$`)
+	scpLike   = regexp.MustCompile(`^(?:[^@/]+@)?(\[[^\]/]*\]|[^:/\[]+):(.*)$`)
+	schemeURL = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^@/]*@)?(\[[^\]/]*\]|[^/:\[]*)(?::\d*)?(/.*)?$`)
 )
 
 // NormalizeOrigin turns a git remote URL into host/path form so that
 // `git@host:o/r.git`, `https://host/o/r` and `ssh://git@host/o/r.git` compare
 // equal: no scheme, user or port; lower-case host; no trailing `.git` or `/`.
-// A local path is made absolute-looking and cleaned.
+// An IPv6 host keeps its brackets. A local path or file:// URL becomes a
+// cleaned path starting with "/".
 func NormalizeOrigin(u string) string {
 	u = strings.TrimSpace(u)
 	var host, path string
@@ -397,12 +445,14 @@ func DefaultDirs(getenv func(string) string) (Dirs, error) {
 }
 
 var (
-	dockerName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
+	dockerName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
 	imageRefRe = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 )
 
-// ValidDockerName reports whether s is a valid lower-case Docker container or
-// volume name as agents-sandbox makes them.
+// ValidDockerName reports whether s is a name Docker accepts for a container
+// or volume: `[a-zA-Z0-9][a-zA-Z0-9_.-]+` (at least two characters), at most
+// 255 bytes. Slugs and agent names are lower-case; only the home volume's
+// timestamp suffix (`…T150405Z`) carries upper-case letters.
 func ValidDockerName(s string) bool { return len(s) <= 255 && dockerName.MatchString(s) }
 
 // ValidImageRef reports whether s is a valid `repository:tag` image reference
