@@ -39,6 +39,8 @@ type AgentState struct {
 	Provisioned map[string]string `json:"provisioned,omitempty"`
 	// Placeholders maps a secret name to its per-VM placeholder.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// ProxyToken is the VM's credential for its secret proxy.
+	ProxyToken string `json:"proxy_token,omitempty"`
 }
 
 // StateFile is the path of the state file inside a state dir.
@@ -98,9 +100,22 @@ func SaveState(stateDir string, s *State) error {
 	return WriteFileAtomic(StateFile(stateDir), append(data, '\n'), 0o600)
 }
 
-// WriteFileAtomic writes data to path via a temp file, fsync and rename,
-// creating parent directories (0700). perm applies to the new file.
+// WriteFileAtomic writes data to path via a temp file in the same directory
+// (named `.<base>.tmp-*`, never read as the file itself), fsync, rename and an
+// fsync of the directory, creating parent directories (0700). perm applies
+// to the new file. A crash at any point leaves either the old content or the
+// new one at path; it may leave the temp file behind.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return writeFileAtomic(path, data, perm, nil)
+}
+
+// atomicChunk is how much writeFileAtomic writes between calls of its hook.
+const atomicChunk = 64 << 10
+
+// writeFileAtomic is WriteFileAtomic; after, when not nil, is called after
+// each chunk written to the temp file with the number of bytes written so far
+// (tests use it to stop a process mid-write).
+func writeFileAtomic(path string, data []byte, perm os.FileMode, after func(written int)) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("write %q: %w", path, err)
@@ -120,8 +135,15 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	if err := f.Chmod(perm); err != nil {
 		return fmt.Errorf("write %q: %w", path, err)
 	}
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write %q: %w", path, err)
+	for off := 0; off < len(data); {
+		end := min(off+atomicChunk, len(data))
+		if _, err := f.Write(data[off:end]); err != nil {
+			return fmt.Errorf("write %q: %w", path, err)
+		}
+		off = end
+		if after != nil {
+			after(off)
+		}
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("write %q: fsync: %w", path, err)

@@ -1,0 +1,124 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// daemonLog is where an agent daemon's output goes inside the VM.
+const daemonLog = HomeDir + "/.cache/agents-sandbox/daemon.log"
+
+// ensureDaemon starts the agent's daemon unless its health check passes, and
+// waits until it does (60 s). restart kills a running daemon first.
+func (m *Manager) ensureDaemon(ctx context.Context, p *Project, vm, user string, restart bool) error {
+	a := p.Agent
+	if len(a.Serve) == 0 {
+		return nil
+	}
+	if restart {
+		m.stopDaemon(ctx, p, vm)
+	} else if m.daemonHealthy(ctx, p, vm, user) {
+		return nil
+	}
+	// The daemon runs through vm-exec --daemon (it does not keep the VM from
+	// idling) with its output appended to a log file in the home volume.
+	script := `mkdir -p "$(dirname "$0")" && exec "$@" >>"$0" 2>&1`
+	cmd := append([]string{InitPath, "vm-exec", "--daemon", "--id", daemonSession(p), "--", "sh", "-c", script, daemonLog}, a.Serve...)
+	if _, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: cmd, User: user, WorkDir: Workspace, Detach: true}); err != nil {
+		return fmt.Errorf("start %s daemon: %w", a.Name, err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if m.daemonHealthy(ctx, p, vm, user) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			tail := m.tailFile(ctx, vm, daemonLog, 20)
+			return fmt.Errorf("the %s daemon (%s) did not pass its health check within 60 s; its log (%s) ends:\n%s", a.Name, strings.Join(a.Serve, " "), daemonLog, tail)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func daemonSession(p *Project) string { return "daemon-" + p.Names.Agent }
+
+func (m *Manager) stopDaemon(ctx context.Context, p *Project, vm string) {
+	_ = m.killSession(ctx, vm, daemonSession(p))
+}
+
+func (m *Manager) daemonHealthy(ctx context.Context, p *Project, vm, user string) bool {
+	check := p.Agent.Health
+	if len(check) == 0 {
+		return false
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r, err := m.RT.Exec(hctx, vm, ExecRequest{Cmd: check, User: user, WorkDir: Workspace})
+	return err == nil && r.ExitCode == 0
+}
+
+func (m *Manager) tailFile(ctx context.Context, vm, path string, n int) string {
+	var out bytes.Buffer
+	_, _ = m.RT.Exec(ctx, vm, ExecRequest{Cmd: []string{"tail", "-n", fmt.Sprint(n), path}, User: "0:0", Stdout: &out, Stderr: &out})
+	return out.String()
+}
+
+// AttachOptions run the agent's attach (interactive) or headless command.
+type AttachOptions struct {
+	// Args are forwarded after the agent's command (everything after `--`).
+	Args []string
+	// Headless runs the agent's headless command (one prompt in, output
+	// out) instead of the interactive one.
+	Headless bool
+	// Interactive terminal streams; with TTY the output all goes to Stdout.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	TTY            bool
+	Resize         <-chan TermSize
+	Timeout        time.Duration
+	OutputCap      int
+	Env            map[string]string
+}
+
+// Attach makes sure the agent's daemon is up and runs the agent's attach (or
+// headless) command in the VM as its user, in the directory under
+// /workspace matching where the caller stands, with opts.Args appended.
+// Several attaches may run at once.
+func (m *Manager) Attach(ctx context.Context, p *Project, opts AttachOptions) (CommandResult, error) {
+	vm, user, err := m.runningVM(ctx, p)
+	if err != nil {
+		return CommandResult{}, err
+	}
+	if err := m.ensureDaemon(ctx, p, vm, user, false); err != nil {
+		return CommandResult{}, err
+	}
+	base := p.Agent.Attach
+	if opts.Headless {
+		base = p.Agent.Headless
+	}
+	if len(base) == 0 {
+		return CommandResult{}, fmt.Errorf("agent %q: %w: it has no %s command; define one under [agents.%s]", p.Agent.Name, ErrInvalid, map[bool]string{true: "headless", false: "attach"}[opts.Headless], p.Agent.Name)
+	}
+	cmd := append(append([]string{}, base...), opts.Args...)
+	if opts.Headless && isShellC(base) && len(opts.Args) > 1 {
+		// `bash -lc ARGS`: the arguments form one script.
+		cmd = append(append([]string{}, base...), strings.Join(opts.Args, " "))
+	}
+	return m.execIn(ctx, vm, user, workdirFor(p), ExecOptions{
+		Cmd: cmd, Stdin: opts.Stdin, Stdout: opts.Stdout, Stderr: opts.Stderr,
+		TTY: opts.TTY, Resize: opts.Resize, Timeout: opts.Timeout, OutputCap: opts.OutputCap, Env: opts.Env,
+	})
+}
+
+func isShellC(cmd []string) bool {
+	last := cmd[len(cmd)-1]
+	return strings.HasPrefix(last, "-") && strings.HasSuffix(last, "c")
+}

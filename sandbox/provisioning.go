@@ -1,0 +1,233 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/agents-sandbox/agents-sandbox/sandbox/provision"
+)
+
+// ProvisionedFile is one file provisioning wrote or found unchanged; never
+// its contents.
+type ProvisionedFile struct {
+	Path   string `json:"path"` // relative to /home/dev
+	Size   int64  `json:"size"` // bytes
+	Sha256 string `json:"sha256"`
+}
+
+// HookResult is a startup hook's run.
+type HookResult struct {
+	Path     string `json:"path"`
+	Root     bool   `json:"root"`
+	ExitCode int    `json:"exit_code"`
+	Output   string `json:"output"`
+}
+
+// ProvisionResult reports what provisioning did.
+type ProvisionResult struct {
+	Written   []ProvisionedFile `json:"written"`
+	Removed   []string          `json:"removed"`
+	Unchanged []ProvisionedFile `json:"unchanged"`
+	Warnings  []string          `json:"warnings,omitempty"`
+	Hooks     []HookResult      `json:"hooks,omitempty"`
+	// Config is the merged agent config path, when snippets exist.
+	Config string `json:"config,omitempty"`
+	// DaemonRestarted is true when a changed config restarted the daemon.
+	DaemonRestarted bool `json:"daemon_restarted,omitempty"`
+}
+
+// Provision syncs the agent's merged config and the [home] mappings into the
+// project's running VM. It is idempotent: unchanged files are not rewritten,
+// files it wrote earlier that lost their source are removed, and files the
+// agent created itself are never touched. Startup hooks do not run here
+// (only when a VM was just created or started).
+func (m *Manager) Provision(ctx context.Context, p *Project) (ProvisionResult, error) {
+	vm, user, err := m.runningVM(ctx, p)
+	if err != nil {
+		return ProvisionResult{}, err
+	}
+	lock, err := m.lockVM(ctx, p)
+	if err != nil {
+		return ProvisionResult{}, err
+	}
+	defer lock.Unlock()
+	st, err := LoadState(p.Names.StateDir)
+	if err != nil {
+		return ProvisionResult{}, err
+	}
+	return m.provisionLocked(ctx, p, st, vm, user, false, nil)
+}
+
+// provisionPlan builds the host-side plan for a project.
+func (m *Manager) provisionPlan(p *Project) (provision.Plan, error) {
+	home := map[string]provision.HomeMapping{}
+	for t, h := range p.Config.Home {
+		home[t] = provision.HomeMapping{Source: h.Source, Optional: h.Optional, Hook: h.Hook, Root: h.Root}
+	}
+	hostHome := ""
+	for _, kv := range m.Environ {
+		if strings.HasPrefix(kv, "HOME=") {
+			hostHome = kv[5:]
+		}
+	}
+	if hostHome == "" {
+		hostHome, _ = os.UserHomeDir()
+	}
+	plan, err := provision.Build(provision.Input{
+		Layers:   provision.StandardLayers(m.Dirs.Config, p.ID.RepoSlug, p.ID.ProjectDir, p.Agent.Name),
+		Config:   p.Agent.Config,
+		Snippets: p.Agent.Snippets,
+		Home:     home,
+		HostHome: hostHome,
+	})
+	if err != nil {
+		return provision.Plan{}, fmt.Errorf("provision: %w: %w", ErrInvalid, err)
+	}
+	return plan, nil
+}
+
+// provisionLocked provisions vm; the caller holds the VM lock. started says
+// the VM was just created or started, so startup hooks run.
+func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm, user string, started bool, progress ProgressFunc) (ProvisionResult, error) {
+	res := ProvisionResult{Written: []ProvisionedFile{}, Removed: []string{}, Unchanged: []ProvisionedFile{}}
+	plan, err := m.provisionPlan(p)
+	if err != nil {
+		return res, err
+	}
+	for _, w := range plan.Warnings {
+		res.Warnings = append(res.Warnings, w.String())
+		m.Log.Warn().Str("vm", vm).Msg("provision: " + w.String())
+	}
+	res.Config = plan.Config
+	as := st.Agent(p.Names.Agent)
+	write, remove, unchanged := provision.Diff(as.Provisioned, plan)
+
+	uid, gid, err := m.userIDs(ctx, vm, user)
+	if err != nil {
+		return res, err
+	}
+
+	// Remove shadowed configs and stale files first.
+	toRemove := append(append([]string{}, plan.Remove...), remove...)
+	sort.Strings(toRemove)
+	if len(toRemove) > 0 {
+		args := []string{"rm", "-f", "--"}
+		for _, r := range toRemove {
+			args = append(args, HomeDir+"/"+r)
+		}
+		var stderr bytes.Buffer
+		r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: args, User: "0:0", Stderr: &stderr})
+		if err != nil {
+			return res, fmt.Errorf("provision: remove stale files: %w", err)
+		}
+		if r.ExitCode != 0 {
+			return res, fmt.Errorf("provision: remove stale files: exit %d: %s", r.ExitCode, strings.TrimSpace(stderr.String()))
+		}
+		res.Removed = append(res.Removed, toRemove...)
+	}
+
+	configChanged := false
+	if len(write) > 0 {
+		var buf bytes.Buffer
+		if err := plan.Only(write).Tar(&buf, uid, gid); err != nil {
+			return res, fmt.Errorf("provision: %w", err)
+		}
+		if err := m.RT.CopyTo(ctx, vm, HomeDir, &buf); err != nil {
+			return res, fmt.Errorf("provision: copy files into %s: %w", vm, err)
+		}
+		for _, w := range write {
+			if f, ok := plan.Lookup(w); ok {
+				res.Written = append(res.Written, ProvisionedFile{Path: f.Path, Size: f.Size, Sha256: f.Sha256})
+				if f.Path == plan.Config {
+					configChanged = true
+				}
+			}
+		}
+	}
+	for _, u := range unchanged {
+		if f, ok := plan.Lookup(u); ok {
+			res.Unchanged = append(res.Unchanged, ProvisionedFile{Path: f.Path, Size: f.Size, Sha256: f.Sha256})
+		}
+	}
+	as.Provisioned = plan.Hashes()
+	if err := SaveState(p.Names.StateDir, st); err != nil {
+		return res, err
+	}
+
+	if started {
+		for _, h := range plan.Hooks {
+			hr := HookResult{Path: h.Path, Root: h.Root}
+			u := user
+			if h.Root {
+				u = "0:0"
+			}
+			var out bytes.Buffer
+			w := &lineWriter{fn: progress}
+			r, err := m.execIn(ctx, vm, u, Workspace, ExecOptions{Cmd: []string{h.Path}, Stdout: w, Stderr: w, OutputCap: 64 << 10})
+			hr.ExitCode = r.ExitCode
+			out.WriteString(r.Stdout.Text)
+			out.WriteString(r.Stderr.Text)
+			hr.Output = out.String()
+			res.Hooks = append(res.Hooks, hr)
+			if err != nil {
+				return res, fmt.Errorf("startup hook %s: %w", h.Path, err)
+			}
+			if r.ExitCode != 0 {
+				return res, fmt.Errorf("startup hook %s failed with exit code %d; its output:\n%s", h.Path, r.ExitCode, strings.TrimSpace(hr.Output))
+			}
+		}
+	}
+	if configChanged && !started && len(p.Agent.Serve) > 0 && m.daemonHealthy(ctx, p, vm, user) {
+		if err := m.ensureDaemon(ctx, p, vm, user, true); err != nil {
+			return res, err
+		}
+		res.DaemonRestarted = true
+	}
+	return res, nil
+}
+
+// userIDs returns the uid and gid of user inside vm.
+func (m *Manager) userIDs(ctx context.Context, vm, user string) (int, int, error) {
+	var out, stderr bytes.Buffer
+	r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: []string{"sh", "-c", "id -u; id -g"}, User: user, Stdout: &out, Stderr: &stderr})
+	if err != nil {
+		return 0, 0, fmt.Errorf("look up user %q in %s: %w", user, vm, err)
+	}
+	f := strings.Fields(out.String())
+	if r.ExitCode != 0 || len(f) != 2 {
+		return 0, 0, fmt.Errorf("look up user %q in %s: exit %d: %s", user, vm, r.ExitCode, strings.TrimSpace(stderr.String()))
+	}
+	uid, err1 := strconv.Atoi(f[0])
+	gid, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("look up user %q in %s: unexpected output %q", user, vm, out.String())
+	}
+	return uid, gid, nil
+}
+
+// lineWriter sends whole lines to a ProgressFunc.
+type lineWriter struct {
+	fn  ProgressFunc
+	buf []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	if w.fn == nil {
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.fn(string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
+}
