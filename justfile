@@ -10,7 +10,7 @@ default:
 
 # build bin/agents-sandbox
 build:
-    go build -o bin/agents-sandbox ./cmd/agents-sandbox
+    CGO_ENABLED=0 go build -trimpath -o bin/agents-sandbox ./cmd/agents-sandbox
 
 # all tests, Docker ones included (makes the fixture images first when an engine answers)
 test:

@@ -4,7 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"errors"
+	"debug/elf"
 	"fmt"
 	"io"
 	"os"
@@ -370,10 +370,15 @@ func (m *Manager) createVM(ctx context.Context, spec VMSpec) (err error) {
 }
 
 // initTar is a tar holding the init binary at InitPath (root-owned, 0755).
+// The binary must be a static linux executable: it runs inside images that
+// may have no C library.
 func initTar(bin string) (io.Reader, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return nil, fmt.Errorf("read init binary %q: %w", bin, err)
+	}
+	if err := checkStatic(bin); err != nil {
+		return nil, err
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -435,4 +440,17 @@ func expandHome(p string, environ []string) string {
 	return p
 }
 
-var errNoDaemon = errors.New("agent has no daemon")
+// checkStatic refuses a binary that is not a static linux ELF executable.
+func checkStatic(bin string) error {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return fmt.Errorf("init binary %q: %w: not a linux executable (%v); run a linux build of agents-sandbox", bin, ErrInvalid, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("init binary %q: %w: it is dynamically linked, but it must run inside the VM; build it with CGO_ENABLED=0 (just build, or install.sh)", bin, ErrInvalid)
+		}
+	}
+	return nil
+}

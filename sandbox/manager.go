@@ -119,7 +119,13 @@ func (m *Manager) Open(opts OpenOptions) (*Project, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Project{ID: id, Config: lc.Config, Origins: lc.Origins, Agent: agent, Names: id.Names(agent.Name, m.Dirs)}, nil
+	p := &Project{ID: id, Config: lc.Config, Origins: lc.Origins, Agent: agent, Names: id.Names(agent.Name, m.Dirs)}
+	st, err := LoadState(p.Names.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	applyStateSecrets(p, st)
+	return p, nil
 }
 
 // lockVM takes the checkout's per-agent VM lock.

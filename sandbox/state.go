@@ -22,6 +22,10 @@ type State struct {
 	Version int `json:"version"`
 	// Agents holds per-agent state, keyed by agent name.
 	Agents map[string]*AgentState `json:"agents,omitempty"`
+	// Secrets were set with the secret_proxy tool: references (env:, file:,
+	// command:) and hosts, never values. They override configured secrets of
+	// the same name.
+	Secrets map[string]SecretConfig `json:"secrets,omitempty"`
 	// UpdatedAt is when the file was last written (UTC).
 	UpdatedAt time.Time `json:"updated_at"`
 }
