@@ -1,11 +1,13 @@
 package runtimetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agents-sandbox/agents-sandbox/sandbox"
 )
@@ -132,6 +134,11 @@ func (s *suite) testBuild(t *testing.T) {
 		}
 	})
 
+	t.Run("Cancel", func(t *testing.T) {
+		t.Parallel()
+		s.testBuildCancel(t)
+	})
+
 	t.Run("Errors", func(t *testing.T) {
 		t.Parallel()
 		ctx := s.ctx(t)
@@ -173,5 +180,44 @@ func (s *suite) testPruneBuildCache(t *testing.T) {
 	}
 	if _, err := s.rt.InspectImage(ctx, tag); err != nil {
 		t.Errorf("the tagged image did not survive the prune: %v", err)
+	}
+}
+
+func (s *suite) testBuildCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(s.ctx(t))
+	defer cancel()
+	tag := s.imageRef("cancel")
+	df := fmt.Sprintf("FROM %s\nRUN echo cancel-$((6*7)) && sleep 1000\n", s.opts.Image)
+	started := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.rt.BuildImage(ctx, sandbox.BuildRequest{
+			Context: makeTar(t, []tarEntry{{name: "Dockerfile", mode: 0o644, body: df}}), DockerfilePath: "Dockerfile",
+			Tags: []string{tag}, Labels: s.labels,
+		}, func(line string) {
+			if strings.Contains(line, "cancel-42") {
+				once.Do(func() { close(started) })
+			}
+		})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("BuildImage returned before it was cancelled: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the build's RUN step never started")
+	}
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled BuildImage: err = %v, want context.Canceled", err)
+		}
+		t.Logf("cancelled BuildImage returned after %v", time.Since(start))
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled BuildImage did not return within 10s")
 	}
 }

@@ -58,7 +58,7 @@ func Run(t *testing.T, rt sandbox.Runtime, opts Options) {
 		t.Run("Volumes", s.parallel(s.testVolumes))
 		t.Run("VMLifecycle", s.parallel(s.testVMLifecycle))
 		t.Run("VMSpec", s.parallel(s.testVMSpec))
-		t.Run("UnknownOCIRuntime", s.parallel(s.testUnknownOCIRuntime))
+		t.Run("OCIRuntime", s.parallel(s.testOCIRuntime))
 		t.Run("ListVMsByLabel", s.parallel(s.testListVMsByLabel))
 		t.Run("Exec", s.parallel(s.testExec))
 		t.Run("Copy", s.parallel(s.testCopy))
@@ -368,12 +368,42 @@ func (s *suite) testVMSpec(t *testing.T) {
 			break
 		}
 	}
+
+	// Resource limits, as the VM's cgroup (v2 or v1) shows them.
+	limits := `if [ -f /sys/fs/cgroup/pids.max ]; then
+		cat /sys/fs/cgroup/pids.max /sys/fs/cgroup/memory.max; cut -d' ' -f1 /sys/fs/cgroup/cpu.max
+	elif [ -f /sys/fs/cgroup/pids/pids.max ]; then
+		cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us
+	else echo no-cgroup; fi`
+	out, errOut, code = s.exec(t, name, sandbox.ExecRequest{Cmd: []string{"sh", "-c", limits}})
+	switch {
+	case code != 0:
+		t.Errorf("reading cgroup limits: exit %d: %s", code, errOut)
+	case out == "no-cgroup\n":
+		t.Logf("no cgroup files in the VM: resource limits not checked")
+	case out != "64\n67108864\n50000\n":
+		t.Errorf("cgroup limits pids, memory, cpu quota = %q; want 64, 64 MiB, 50000 (0.5 CPU)", out)
+	}
 }
 
-func (s *suite) testUnknownOCIRuntime(t *testing.T) {
+func (s *suite) testOCIRuntime(t *testing.T) {
 	ctx := s.ctx(t)
+	info, err := s.rt.Info(ctx)
+	if err != nil {
+		t.Fatalf("Info: %v", err)
+	}
+	if info.DefaultOCI != "" {
+		vm := s.createVM(t, sandbox.VMSpec{Name: s.name("ociruntime-default")})
+		if vm.OCIRuntime != info.DefaultOCI {
+			t.Errorf("a VM created without OCIRuntime reports %q, want the default %q", vm.OCIRuntime, info.DefaultOCI)
+		}
+		vm = s.createVM(t, sandbox.VMSpec{Name: s.name("ociruntime-named"), OCIRuntime: info.DefaultOCI})
+		if vm.OCIRuntime != info.DefaultOCI {
+			t.Errorf("a VM created with OCIRuntime %q reports %q", info.DefaultOCI, vm.OCIRuntime)
+		}
+	}
 	name := s.name("ociruntime")
-	_, err := s.rt.CreateVM(ctx, sandbox.VMSpec{
+	_, err = s.rt.CreateVM(ctx, sandbox.VMSpec{
 		Name: name, Image: s.opts.Image, Cmd: sleeper, Labels: s.labels, OCIRuntime: "ast-no-such-runtime",
 	})
 	if !errors.Is(err, sandbox.ErrInvalid) {
@@ -383,7 +413,7 @@ func (s *suite) testUnknownOCIRuntime(t *testing.T) {
 	if !strings.Contains(err.Error(), "ast-no-such-runtime") {
 		t.Errorf("error %q does not name the runtime", err)
 	}
-	if info, ierr := s.rt.Info(ctx); ierr == nil && info.DefaultOCI != "" && !strings.Contains(err.Error(), info.DefaultOCI) {
+	if info.DefaultOCI != "" && !strings.Contains(err.Error(), info.DefaultOCI) {
 		t.Errorf("error %q does not list the available runtimes (%v)", err, info.OCIRuntimes)
 	}
 	if _, err := s.rt.InspectVM(ctx, name); !errors.Is(err, sandbox.ErrNotFound) {
