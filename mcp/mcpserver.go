@@ -1,0 +1,175 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"time"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+	"github.com/rs/zerolog"
+
+	"github.com/agents-sandbox/agents-sandbox/tools"
+)
+
+// instructions tell an MCP client what the server is for.
+const instructions = `agents-sandbox gives a coding agent its own sandbox VM per project checkout: the checkout at /workspace, ` +
+	`a persistent /home/dev, and secrets the VM never holds. Every tool takes "checkout", the absolute path of the project. ` +
+	`Start with sandbox_create, then sandbox_exec to run commands; sandbox_spawn_task runs a command in a throwaway copy and returns a diff.`
+
+// NewMCPServer returns an MCP server offering every tool of o.Registry with
+// its schemas served verbatim. Each call validates its arguments against the
+// input schema before the handler runs; failures the caller can act on are
+// results with isError and a message naming the fix. A progress token in the
+// request's _meta turns on progress notifications (throttled to
+// o.ProgressInterval, coalesced). notifications/cancelled cancels the call's
+// context, which stops the work it started.
+func NewMCPServer(o Options) (*server.MCPServer, error) {
+	d, err := newDispatcher(o)
+	if err != nil {
+		return nil, err
+	}
+	s := server.NewMCPServer("agents-sandbox", versionOr(o.Version),
+		server.WithToolCapabilities(false),
+		server.WithInstructions(instructions),
+		server.WithRecovery(),
+		server.WithLogger(slog.New(zerolog.NewSlogHandler(o.Log.With().Str("frontend", "mcp").Logger()))),
+	)
+	for _, sv := range d.tools {
+		desc := sv.descriptor()
+		t := mcpgo.NewToolWithRawSchema(desc.Name, desc.Description, desc.InputSchema)
+		t.RawOutputSchema = desc.OutputSchema
+		t.Title = desc.Title
+		t.Annotations = mcpgo.ToolAnnotation{
+			Title:           desc.Annotations.Title,
+			ReadOnlyHint:    mcpgo.ToBoolPtr(desc.Annotations.ReadOnlyHint),
+			DestructiveHint: mcpgo.ToBoolPtr(desc.Annotations.DestructiveHint),
+			IdempotentHint:  mcpgo.ToBoolPtr(desc.Annotations.IdempotentHint),
+			OpenWorldHint:   mcpgo.ToBoolPtr(desc.Annotations.OpenWorldHint),
+		}
+		s.AddTool(t, d.mcpHandler(s, sv))
+	}
+	return s, nil
+}
+
+func versionOr(v string) string {
+	if v == "" {
+		return "devel"
+	}
+	return v
+}
+
+func (d *dispatcher) mcpHandler(s *server.MCPServer, sv *served) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
+		args := req.Params.RawArguments
+		if len(args) == 0 && req.Params.Arguments != nil {
+			b, err := json.Marshal(req.Params.Arguments)
+			if err != nil {
+				return nil, fmt.Errorf("encode arguments: %w", err)
+			}
+			args = b
+		}
+		var progress func(tools.Progress)
+		var th *throttle
+		if req.Params.Meta != nil && req.Params.Meta.ProgressToken != nil {
+			token := req.Params.Meta.ProgressToken
+			th = newThrottle(d.opts.ProgressInterval, func(p tools.Progress) error {
+				params := map[string]any{"progressToken": token, "progress": p.Current}
+				if p.Total > 0 {
+					params["total"] = p.Total
+				}
+				if p.Message != "" {
+					params["message"] = p.Message
+				}
+				return s.SendNotificationToClient(ctx, "notifications/progress", params)
+			})
+			progress = th.report
+		}
+		res, terr := d.call(ctx, sv, args, progress)
+		if th != nil {
+			th.close()
+			drainNotifications(ctx)
+		}
+		if terr != nil {
+			return mcpgo.NewToolResultError(terr.Message), nil
+		}
+		js, err := json.Marshal(res.Structured)
+		if err != nil {
+			return nil, fmt.Errorf("encode %s result: %w", sv.tool.Name, err)
+		}
+		return &mcpgo.CallToolResult{
+			Content: []mcpgo.Content{
+				mcpgo.NewTextContent(res.Text),
+				mcpgo.NewTextContent(string(js)),
+			},
+			StructuredContent: json.RawMessage(js),
+		}, nil
+	}
+}
+
+// drainNotifications waits (at most a second) until the session's queue of
+// notifications is empty, so that a call's last progress notifications are
+// written before its result on transports that write them separately.
+func drainNotifications(ctx context.Context) {
+	sess := server.ClientSessionFromContext(ctx)
+	if sess == nil {
+		return
+	}
+	ch := sess.NotificationChannel()
+	if len(ch) == 0 {
+		return
+	}
+	deadline := time.NewTimer(time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for len(ch) > 0 {
+		select {
+		case <-deadline.C:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ServeMCP serves MCP over stdio: newline-delimited JSON-RPC messages read
+// from in, written to out (nothing else is ever written to out). It returns
+// nil when in reaches EOF or ctx is cancelled, after the calls in flight
+// have been cancelled and have returned. Only one may run per process (the
+// stdio session of mcp-go is process-wide).
+func ServeMCP(ctx context.Context, o Options, in io.Reader, out io.Writer) error {
+	s, err := NewMCPServer(o)
+	if err != nil {
+		return err
+	}
+	stdio := server.NewStdioServer(s)
+	stdio.SetErrorLogger(log.New(zerologWriter{o.Log.With().Str("frontend", "mcp").Logger()}, "", 0))
+	workers := o.Workers
+	if workers <= 0 {
+		workers = 64
+	}
+	server.WithWorkerPoolSize(min(workers, 100))(stdio)
+	server.WithQueueSize(1000)(stdio)
+	err = stdio.Listen(ctx, in, out)
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe) {
+		return nil
+	}
+	return fmt.Errorf("serve MCP over stdio: %w", err)
+}
+
+// zerologWriter adapts a zerolog.Logger to the io.Writer a log.Logger takes.
+type zerologWriter struct{ l zerolog.Logger }
+
+func (w zerologWriter) Write(p []byte) (int, error) {
+	msg := string(p)
+	for len(msg) > 0 && (msg[len(msg)-1] == '\n' || msg[len(msg)-1] == '\r') {
+		msg = msg[:len(msg)-1]
+	}
+	w.l.Warn().Msg(msg)
+	return len(p), nil
+}

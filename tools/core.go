@@ -1,0 +1,201 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/agents-sandbox/agents-sandbox/proxy"
+	"github.com/agents-sandbox/agents-sandbox/sandbox"
+)
+
+// Core is what the tools need from the sandbox layer. *sandbox.Manager
+// implements it; see the Manager's methods for shapes and errors.
+type Core interface {
+	Open(opts sandbox.OpenOptions) (*sandbox.Project, error)
+	Create(ctx context.Context, p *sandbox.Project, opts sandbox.CreateOptions) (sandbox.CreateResult, error)
+	Exec(ctx context.Context, p *sandbox.Project, opts sandbox.ExecOptions) (sandbox.CommandResult, error)
+	Attach(ctx context.Context, p *sandbox.Project, opts sandbox.AttachOptions) (sandbox.CommandResult, error)
+	Status(ctx context.Context, p *sandbox.Project) (sandbox.Status, error)
+	Stop(ctx context.Context, p *sandbox.Project, timeout time.Duration) (sandbox.Status, error)
+	Kill(ctx context.Context, p *sandbox.Project) (sandbox.Status, error)
+	Remove(ctx context.Context, p *sandbox.Project, volume bool) (sandbox.RemoveResult, error)
+	List(ctx context.Context, f sandbox.ListFilter) ([]sandbox.Listed, error)
+	SpawnTask(ctx context.Context, p *sandbox.Project, opts sandbox.TaskOptions) (sandbox.TaskResult, error)
+}
+
+// Provisioner is the core's on-demand provisioning (sandbox_provision).
+type Provisioner interface {
+	Provision(ctx context.Context, p *sandbox.Project) (sandbox.ProvisionResult, error)
+}
+
+// SecretProxy is the core's secret-proxy management (secret_proxy). Secret
+// values never cross it: only names, references and hosts.
+type SecretProxy interface {
+	// SetSecret adds or replaces a secret in the project's configuration.
+	SetSecret(ctx context.Context, p *sandbox.Project, name string, s sandbox.SecretConfig) error
+	// RemoveSecret removes a secret from the project's configuration
+	// (ErrNotFound when it has none by that name).
+	RemoveSecret(ctx context.Context, p *sandbox.Project, name string) error
+	// AuditEvents returns the newest n audit events of the project's proxy,
+	// oldest first.
+	AuditEvents(ctx context.Context, p *sandbox.Project, n int) ([]proxy.AuditEvent, error)
+}
+
+// Deps are what the tools are built from.
+type Deps struct {
+	Core Core
+	// Provisioner and SecretProxy default to Core when it implements them;
+	// without one, the tool answers CodeUnsupported.
+	Provisioner Provisioner
+	SecretProxy SecretProxy
+	Log         zerolog.Logger
+}
+
+// All returns the registry of every tool over deps.
+func All(d Deps) *Registry {
+	if d.Provisioner == nil {
+		d.Provisioner, _ = d.Core.(Provisioner)
+	}
+	if d.SecretProxy == nil {
+		d.SecretProxy, _ = d.Core.(SecretProxy)
+	}
+	h := &handlers{Deps: d}
+	return NewRegistry(
+		h.createTool(),
+		h.provisionTool(),
+		h.attachTool(),
+		h.spawnTaskTool(),
+		h.secretProxyTool(),
+		h.execTool(),
+		h.listTool(),
+		h.statusTool(),
+		h.stopTool(),
+		h.removeTool(),
+	)
+}
+
+// handlers hold the dependencies the tool handlers share.
+type handlers struct{ Deps }
+
+// Target selects the project: the checkout and the agent.
+type Target struct {
+	// Checkout is an absolute path of a directory inside the project.
+	Checkout string `json:"checkout"`
+	// Agent overrides the project's configured agent.
+	Agent string `json:"agent,omitempty"`
+}
+
+// open checks the target and opens the project.
+func (h *handlers) open(tool string, t Target) (*sandbox.Project, error) {
+	if !filepath.IsAbs(t.Checkout) {
+		return nil, InvalidParams(tool, "/checkout", "checkout must be an absolute path, got %q; pass the absolute path of a directory inside the project", t.Checkout)
+	}
+	fi, err := os.Stat(t.Checkout)
+	if err != nil {
+		return nil, &Error{Code: CodeNotFound, Kind: KindNotFound, Tool: tool, Pointer: "/checkout", Err: err,
+			Message: fmt.Sprintf("checkout %q does not exist (%v); pass the absolute path of an existing project directory", t.Checkout, errors.Unwrap(err))}
+	}
+	if !fi.IsDir() {
+		return nil, InvalidParams(tool, "/checkout", "checkout %q is not a directory; pass the project's directory, not a file in it", t.Checkout)
+	}
+	p, err := h.Core.Open(sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent})
+	if err != nil {
+		if t.Agent != "" && errors.Is(err, sandbox.ErrInvalid) && strings.HasPrefix(err.Error(), fmt.Sprintf("agent %q", t.Agent)) {
+			e := InvalidParams(tool, "/agent", "%s", err.Error())
+			e.Err = err
+			return nil, e
+		}
+		if errors.Is(err, sandbox.ErrInvalid) {
+			return nil, &Error{Code: CodeInvalidConfig, Kind: KindInvalidConfig, Tool: tool, Err: err,
+				Message: "the project's configuration is invalid: " + err.Error() + "; fix the file it names (agents-sandbox config show prints the merged configuration)"}
+		}
+		return nil, fmt.Errorf("open project %q: %w", t.Checkout, err)
+	}
+	return p, nil
+}
+
+// ProjectInfo identifies the project a result is about.
+type ProjectInfo struct {
+	ProjectDir   string `json:"project_dir"`
+	CheckoutSlug string `json:"checkout_slug"`
+	RepoSlug     string `json:"repo_slug"`
+	Agent        string `json:"agent"`
+}
+
+func projectInfo(p *sandbox.Project) ProjectInfo {
+	return ProjectInfo{ProjectDir: p.ID.ProjectDir, CheckoutSlug: p.ID.CheckoutSlug, RepoSlug: p.ID.RepoSlug, Agent: p.Names.Agent}
+}
+
+// parseEnv turns KEY=VALUE strings into a map; pointer is the array's.
+func parseEnv(tool, pointer string, env []string) (map[string]string, error) {
+	if len(env) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(env))
+	for i, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !validEnvName(k) {
+			return nil, InvalidParams(tool, fmt.Sprintf("%s/%d", pointer, i), "env entry %q must be NAME=VALUE with NAME made of letters, digits and _", kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func validEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		if !(r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// ts formats a time for output: RFC 3339 in UTC, "" for the zero time.
+func ts(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func seconds(n int) time.Duration { return time.Duration(n) * time.Second }
+
+func sortedLabels(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+var (
+	_ Core        = (*sandbox.Manager)(nil)
+	_ Provisioner = (*sandbox.Manager)(nil)
+)
