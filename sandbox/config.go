@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,7 +46,9 @@ type ImageConfig struct {
 	// Base is the base image of the embedded default Dockerfile.
 	Base string `toml:"base" json:"base"`
 	// CACertificates are PEM files (host paths) added to the image's trust
-	// store, for users behind TLS-inspecting proxies.
+	// store, for users behind TLS-inspecting proxies. A relative path in a
+	// config file is resolved against that file's directory at load time;
+	// "~/…" is left for the consumer.
 	CACertificates []string `toml:"ca_certificates" json:"ca_certificates,omitempty"`
 }
 
@@ -91,7 +95,9 @@ type HomeMapping struct {
 	Root     bool   `toml:"root" json:"root,omitempty"` // run the hook as root
 }
 
-// Mount is an extra bind mount into the VM.
+// Mount is an extra bind mount into the VM. A relative Source in a config
+// file is resolved against that file's directory at load time; "~/…" is left
+// for the consumer.
 type Mount struct {
 	Source   string `toml:"source" json:"source"`
 	Target   string `toml:"target" json:"target"`
@@ -125,19 +131,20 @@ func (d *Duration) UnmarshalTOML(v any) error {
 	return d.UnmarshalText([]byte(s))
 }
 
-// UnmarshalText parses a Go duration string; "0" is zero.
+// UnmarshalText parses a Go duration string ("90s", "30m", "1h30m"); "0" is
+// zero. Errors: no unit ("30"), not a duration, or negative.
 func (d *Duration) UnmarshalText(b []byte) error {
 	s := strings.TrimSpace(string(b))
 	if s == "0" {
 		d.Duration = 0
 		return nil
 	}
+	if strings.HasPrefix(s, "-") {
+		return fmt.Errorf("must not be negative: %q", s)
+	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("must be a duration string such as \"30m\" or \"1h\": %q", s)
-	}
-	if v < 0 {
-		return fmt.Errorf("must not be negative: %q", s)
+		return fmt.Errorf("must be a duration string with a unit such as \"30m\" or \"1h\", not %q", s)
 	}
 	d.Duration = v
 	return nil
@@ -210,18 +217,24 @@ const (
 
 // ConfigError is a configuration problem tied to a file (or env var / flag).
 type ConfigError struct {
-	Source string // file path, "env AGENTS_SANDBOX_X" or "flag --x"
+	// Source is a file path, "environment variable AGENTS_SANDBOX_X",
+	// "flag for key" or "built-in defaults".
+	Source string
 	Line   int    // 1-based, 0 when unknown
-	Column int
-	Key    string // dotted key, when known
+	Column int    // 1-based, 0 when unknown
+	Key    string // dotted TOML key ("network.mode", `home.".config/gh"`), when known
 	Msg    string
 }
 
+// Error formats the problem as `source[:line[:column]]: key "k": message`.
 func (e *ConfigError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Source)
 	if e.Line > 0 {
-		fmt.Fprintf(&b, ":%d:%d", e.Line, e.Column)
+		fmt.Fprintf(&b, ":%d", e.Line)
+		if e.Column > 0 {
+			fmt.Fprintf(&b, ":%d", e.Column)
+		}
 	}
 	b.WriteString(": ")
 	if e.Key != "" {
@@ -255,7 +268,9 @@ func SourcesFor(id Identity, dirs Dirs, environ []string, flags map[string]strin
 type LoadedConfig struct {
 	Config Config
 	// Origins maps a dotted key ("resources.cpus", "secrets.GH.hosts") to the
-	// layer that set it: default, user, repo, project, env or flag.
+	// layer that set it: default, user, repo, project, env or flag. Keys
+	// are written as in TOML: a part that is not a bare key is quoted
+	// (`home.".config/gh".source`). A whole array is one key ("mounts").
 	Origins map[string]string
 	// Files are the config files that existed and were read, lowest first.
 	Files []string
@@ -264,9 +279,12 @@ type LoadedConfig struct {
 // LoadConfig reads and merges every layer, lowest first: built-in defaults <
 // user file < per-repo file < project file < AGENTS_SANDBOX_* environment <
 // flags. Tables merge key by key; arrays and scalars from a higher layer
-// replace lower ones. A missing file is skipped. Errors are *ConfigError:
-// unknown keys (file and key), syntax errors (file, line, column), wrong
-// types (file and key), bad durations.
+// replace lower ones. A missing file is skipped. Relative paths in a file
+// (home sources, mount sources, CA certificates) are resolved against the
+// file's directory. Errors are *ConfigError: unknown keys (file and key),
+// syntax errors (file, line, column), wrong types (file, key, line), bad
+// durations, unknown AGENTS_SANDBOX_* variables, and values Validate rejects
+// (naming the layer that set the key).
 func LoadConfig(src ConfigSources) (LoadedConfig, error) {
 	merged := map[string]any{}
 	origins := map[string]string{}
@@ -274,7 +292,8 @@ func LoadConfig(src ConfigSources) (LoadedConfig, error) {
 	if err != nil {
 		return LoadedConfig{}, err
 	}
-	mergeInto(merged, def, "", LayerDefault, origins)
+	mergeInto(merged, def, nil, LayerDefault, origins)
+	layerSource := map[string]string{LayerDefault: "built-in defaults"}
 
 	var files []string
 	for _, l := range []struct{ name, path string }{
@@ -291,28 +310,88 @@ func LoadConfig(src ConfigSources) (LoadedConfig, error) {
 			return LoadedConfig{}, err
 		}
 		files = append(files, l.path)
-		mergeInto(merged, m, "", l.name, origins)
+		layerSource[l.name] = l.path
+		mergeInto(merged, m, nil, l.name, origins)
 	}
 
 	env, err := envLayer(src.Environ)
 	if err != nil {
 		return LoadedConfig{}, err
 	}
-	mergeInto(merged, env, "", LayerEnv, origins)
+	mergeInto(merged, env, nil, LayerEnv, origins)
 	flags, err := flagLayer(src.Flags)
 	if err != nil {
 		return LoadedConfig{}, err
 	}
-	mergeInto(merged, flags, "", LayerFlag, origins)
+	mergeInto(merged, flags, nil, LayerFlag, origins)
 
 	cfg, err := fromMap(merged, "merged configuration")
 	if err != nil {
 		return LoadedConfig{}, err
 	}
 	if err := cfg.Validate(); err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) && ce.Key != "" {
+			// Name the layer that set the offending key.
+			switch layer := originOf(origins, ce.Key); layer {
+			case LayerEnv:
+				ce.Source = "environment variable " + EnvVarName(ce.Key)
+			case LayerFlag:
+				ce.Source = "flag for " + ce.Key
+			case "":
+			default:
+				ce.Source = layerSource[layer]
+			}
+		}
 		return LoadedConfig{}, err
 	}
 	return LoadedConfig{Config: cfg, Origins: origins, Files: files}, nil
+}
+
+// originOf returns the highest layer that set key, a table above it or a key
+// below it; failing that, the highest layer that set anything in key's
+// table (a missing secrets.X.from is blamed on whoever declared secrets.X).
+// "" when none did. "mounts[2].target" is looked up as "mounts".
+func originOf(origins map[string]string, key string) string {
+	if i := strings.IndexByte(key, '['); i >= 0 {
+		key = key[:i]
+	}
+	rank := map[string]int{LayerDefault: 1, LayerUser: 2, LayerRepo: 3, LayerProject: 4, LayerEnv: 5, LayerFlag: 6}
+	for key != "" {
+		best := ""
+		for k, layer := range origins {
+			if k == key || strings.HasPrefix(k, key+".") || strings.HasPrefix(key, k+".") {
+				if rank[layer] > rank[best] {
+					best = layer
+				}
+			}
+		}
+		if best != "" {
+			return best
+		}
+		key = parentKey(key)
+	}
+	return ""
+}
+
+// parentKey drops the last part of a dotted TOML key, minding quoted parts:
+// `home.".config/gh".source` → `home.".config/gh"`; "agent" → "".
+func parentKey(key string) string {
+	last, quoted := -1, false
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; {
+		case quoted && c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case !quoted && c == '.':
+			last = i
+		}
+	}
+	if last < 0 {
+		return ""
+	}
+	return key[:last]
 }
 
 // readConfigFile parses one layer strictly and returns it as a map with home
@@ -328,33 +407,47 @@ func readConfigFile(path string) (map[string]any, error) {
 	return parseConfigLayer(data, path)
 }
 
-func parseConfigLayer(data []byte, path string) (map[string]any, error) {
+// parseConfigLayer parses one config file's content strictly (source names it
+// in errors) and returns it as a map, with relative paths made absolute
+// against the directory of source.
+func parseConfigLayer(data []byte, source string) (map[string]any, error) {
+	// Syntax first, into a plain map: these errors have a line and column.
+	var m map[string]any
+	if _, err := toml.Decode(string(data), &m); err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, &ConfigError{Source: source, Line: pe.Position.Line, Column: pe.Position.Col, Msg: pe.Message}
+		}
+		return nil, &ConfigError{Source: source, Msg: err.Error()}
+	}
+	// Then the types, into the struct.
 	var probe Config
 	md, err := toml.Decode(string(data), &probe)
 	if err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return nil, &ConfigError{Source: path, Line: pe.Position.Line, Column: pe.Position.Col, Msg: pe.Message}
-		}
-		return nil, &ConfigError{Source: path, Key: keyFromDecodeError(err), Msg: err.Error()}
+		return nil, decodeError(source, err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, len(und))
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, &ConfigError{Source: path, Key: keys[0], Msg: "unknown key (see schemas/config.schema.json for the keys; check its spelling and table)" + moreKeys(keys)}
+		return nil, &ConfigError{Source: source, Key: keys[0], Msg: "unknown key (see schemas/config.schema.json for the keys; check its spelling and table)" + moreKeys(keys)}
 	}
 	if err := checkKeyCase(md); err != nil {
-		return nil, &ConfigError{Source: path, Key: err.Error(), Msg: "keys are lower-case snake_case; check its spelling"}
+		return nil, &ConfigError{Source: source, Key: err.Error(), Msg: "keys are lower-case snake_case; check its spelling"}
 	}
-	var m map[string]any
-	if _, err := toml.Decode(string(data), &m); err != nil {
-		return nil, &ConfigError{Source: path, Msg: err.Error()}
+	base := source
+	if abs, err := filepath.Abs(source); err == nil {
+		base = abs
 	}
-	// Resolve home sources relative to this file.
+	resolvePaths(m, filepath.Dir(base))
+	return m, nil
+}
+
+// resolvePaths makes the relative paths of one layer absolute against base:
+// home sources, mount sources and CA certificate files.
+func resolvePaths(m map[string]any, base string) {
 	if home, ok := m["home"].(map[string]any); ok {
-		base := filepath.Dir(path)
 		for k, v := range home {
 			switch x := v.(type) {
 			case string:
@@ -366,8 +459,53 @@ func parseConfigLayer(data []byte, path string) (map[string]any, error) {
 			}
 		}
 	}
-	return m, nil
+	var mounts []map[string]any
+	switch x := m["mounts"].(type) {
+	case []map[string]any: // [[mounts]] tables
+		mounts = x
+	case []any: // mounts = [{…}, …]
+		for _, e := range x {
+			if mt, ok := e.(map[string]any); ok {
+				mounts = append(mounts, mt)
+			}
+		}
+	}
+	for _, mt := range mounts {
+		if s, ok := mt["source"].(string); ok {
+			mt["source"] = resolveRel(s, base)
+		}
+	}
+	if img, ok := m["image"].(map[string]any); ok {
+		if certs, ok := img["ca_certificates"].([]any); ok {
+			for i, c := range certs {
+				if s, ok := c.(string); ok {
+					certs[i] = resolveRel(s, base)
+				}
+			}
+		}
+	}
 }
+
+// decodeError turns a BurntSushi/toml decode (type) error into a ConfigError
+// naming the key, and the line when the library reports it.
+func decodeError(source string, err error) *ConfigError {
+	var pe toml.ParseError
+	if errors.As(err, &pe) {
+		return &ConfigError{Source: source, Line: pe.Position.Line, Column: pe.Position.Col, Key: pe.LastKey, Msg: pe.Message}
+	}
+	// Type mismatches read: toml: line N (last key "a.b"): message
+	ce := &ConfigError{Source: source, Msg: err.Error()}
+	if m := decodeErrRe.FindStringSubmatch(err.Error()); m != nil {
+		ce.Line, _ = strconv.Atoi(m[1])
+		if k, uerr := strconv.Unquote(m[2]); uerr == nil {
+			ce.Key = k
+		}
+		ce.Msg = m[3]
+	}
+	return ce
+}
+
+var decodeErrRe = regexp.MustCompile(`(?s)^toml: (?:line (\d+) )?\(last key ("(?:[^"\\]|\\.)*")\): (.*)$`)
 
 func moreKeys(keys []string) string {
 	if len(keys) < 2 {
@@ -402,18 +540,6 @@ func resolveRel(s, base string) string {
 	return filepath.Join(base, s)
 }
 
-func keyFromDecodeError(err error) string {
-	// BurntSushi/toml type errors read: toml: line N (last key "a.b"): ...
-	msg := err.Error()
-	if i := strings.Index(msg, `last key "`); i >= 0 {
-		rest := msg[i+len(`last key "`):]
-		if j := strings.Index(rest, `"`); j >= 0 {
-			return rest[:j]
-		}
-	}
-	return ""
-}
-
 // fromMap decodes a merged map into a Config.
 func fromMap(m map[string]any, source string) (Config, error) {
 	var buf bytes.Buffer
@@ -422,7 +548,9 @@ func fromMap(m map[string]any, source string) (Config, error) {
 	}
 	var cfg Config
 	if _, err := toml.Decode(buf.String(), &cfg); err != nil {
-		return Config{}, &ConfigError{Source: source, Key: keyFromDecodeError(err), Msg: err.Error()}
+		ce := decodeError(source, err)
+		ce.Line, ce.Column = 0, 0 // lines of the re-encoded merge mean nothing
+		return Config{}, ce
 	}
 	return cfg, nil
 }
@@ -475,13 +603,12 @@ func dropZero(m map[string]any) map[string]any {
 }
 
 // mergeInto merges src into dst: tables key by key, everything else replaced.
-// origins records the layer of every leaf written.
-func mergeInto(dst, src map[string]any, prefix, layer string, origins map[string]string) {
+// origins records the layer of every leaf written, keyed by the TOML form of
+// its dotted key (prefix is the path of dst).
+func mergeInto(dst, src map[string]any, prefix toml.Key, layer string, origins map[string]string) {
 	for k, v := range src {
-		key := k
-		if prefix != "" {
-			key = prefix + "." + k
-		}
+		path := append(prefix[:len(prefix):len(prefix)], k)
+		key := path.String()
 		if sm, ok := v.(map[string]any); ok {
 			dm, ok := dst[k].(map[string]any)
 			if !ok {
@@ -490,7 +617,7 @@ func mergeInto(dst, src map[string]any, prefix, layer string, origins map[string
 				// A table replacing a scalar drops the scalar's origin.
 				delete(origins, key)
 			}
-			mergeInto(dm, sm, key, layer, origins)
+			mergeInto(dm, sm, path, layer, origins)
 			continue
 		}
 		// A scalar or array replacing a table drops the table's leaves.
@@ -676,7 +803,7 @@ func (c Config) Validate() error {
 	sort.Strings(names)
 	for _, n := range names {
 		s := c.Secrets[n]
-		key := "secrets." + n
+		key := toml.Key{"secrets", n}.String()
 		if !envNameRe(n) {
 			return &ConfigError{Source: src, Key: key, Msg: "a secret's name becomes an environment variable: use letters, digits and _ (e.g. GITHUB_TOKEN)"}
 		}
@@ -690,11 +817,15 @@ func (c Config) Validate() error {
 			return &ConfigError{Source: src, Key: key + ".hosts", Msg: "a secret needs the hosts that may receive it (host, .suffix or CIDR); set allow_any_host_dangerous = true only if you accept that any host may"}
 		}
 	}
-	for target, h := range c.Home {
-		if err := checkHomeTarget(target); err != nil {
-			return &ConfigError{Source: src, Key: "home." + target, Msg: err.Error()}
+	for _, n := range sortedKeys(c.Env) {
+		if n == "" || strings.ContainsAny(n, "=\x00") {
+			return &ConfigError{Source: src, Key: toml.Key{"env", n}.String(), Msg: "an environment variable name must not be empty or contain \"=\""}
 		}
-		_ = h
+	}
+	for _, target := range sortedKeys(c.Home) {
+		if err := checkHomeTarget(target); err != nil {
+			return &ConfigError{Source: src, Key: toml.Key{"home", target}.String(), Msg: err.Error()}
+		}
 	}
 	for i, m := range c.Mounts {
 		if !filepath.IsAbs(m.Target) {
@@ -705,6 +836,15 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // checkHomeTarget rejects targets that are absolute or escape /home/dev.
@@ -732,30 +872,33 @@ func envNameRe(s string) bool {
 	return true
 }
 
-// ParseBytes parses a size such as "512m", "4g", "1.5GiB" or "1048576" into
-// bytes (binary units: k=1024).
+// ParseBytes parses a size such as "512m", "4g", "1.5GiB", "100kb" or
+// "1048576" into bytes. Units are binary (k = 1024) and case-insensitive;
+// "b", "kb" and "kib" mean the same. Errors: not a non-negative number with
+// an optional unit, or more than math.MaxInt64 bytes.
 func ParseBytes(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "ib"), "b")
-	mult := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'k':
-			mult = 1 << 10
-		case 'm':
-			mult = 1 << 20
-		case 'g':
-			mult = 1 << 30
-		case 't':
-			mult = 1 << 40
-		}
-		if mult > 1 {
-			t = t[:n-1]
-		}
-	}
-	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f < 0 {
+	m := bytesRe.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
+	if m == nil {
 		return 0, fmt.Errorf("%q is not a size; use a number with k, m, g or t, like \"4g\"", s)
 	}
-	return int64(f * float64(mult)), nil
+	f, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size: %w", s, err)
+	}
+	switch m[2] {
+	case "k":
+		f *= 1 << 10
+	case "m":
+		f *= 1 << 20
+	case "g":
+		f *= 1 << 30
+	case "t":
+		f *= 1 << 40
+	}
+	if f >= math.MaxInt64 {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return int64(f), nil
 }
+
+var bytesRe = regexp.MustCompile(`^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:([kmgt])(?:i?b)?|b)?$`)
