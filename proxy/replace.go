@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 )
 
@@ -28,67 +29,76 @@ func newMatcher(pats [][]byte) *matcher {
 	return m
 }
 
-// leftmost returns the position of the leftmost full match in buf and the pattern index, or -1.
-func (m *matcher) leftmost(buf []byte) (pos, pat int) {
-	pos, pat = -1, -1
-	for i, p := range m.pats {
-		j := bytes.Index(buf, p)
-		if j < 0 {
-			continue
-		}
-		if pos < 0 || j < pos || j == pos && len(p) > len(m.pats[pat]) {
-			pos, pat = j, i
-		}
-	}
-	return pos, pat
-}
-
-// partialStart returns the smallest j such that buf[j:] is a proper prefix of some pattern (a
-// match that more input may complete), or len(buf).
-func (m *matcher) partialStart(buf []byte) int {
-	best := len(buf)
+// partialStarts returns, in ascending order, the positions j such that buf[j:] is a proper prefix
+// of some pattern: matches that more input may complete.
+func (m *matcher) partialStarts(buf []byte) []int {
+	var starts []int
 	for _, p := range m.pats {
-		from := max(0, len(buf)-len(p)+1)
-		for j := from; j < best; j++ {
-			k := bytes.IndexByte(buf[j:best], p[0])
+		for j := max(0, len(buf)-len(p)+1); j < len(buf); j++ {
+			k := bytes.IndexByte(buf[j:], p[0])
 			if k < 0 {
 				break
 			}
 			j += k
 			if bytes.HasPrefix(p, buf[j:]) {
-				best = j
-				break
+				starts = append(starts, j)
 			}
 		}
 	}
-	return best
+	slices.Sort(starts)
+	return starts
 }
 
 // replace appends to dst the bytes of buf with every match replaced by repl(pattern index), and
 // returns how much of buf it consumed. Unless final, it stops before a trailing possible match
 // that more input could complete; the caller presents those bytes again followed by more input.
 // An error from repl stops it: dst then holds the output before the match, consumed its position.
+// It runs in O(len(buf) × patterns) plus the matches.
 func (m *matcher) replace(dst, buf []byte, final bool, repl func(int) ([]byte, error)) ([]byte, int, error) {
+	var partial []int
+	if !final {
+		partial = m.partialStarts(buf)
+	}
+	// next[j] caches the position of pattern j's next occurrence at or after i (-1: none left,
+	// -2: not searched yet).
+	next := make([]int, len(m.pats))
+	for j := range next {
+		next[j] = -2
+	}
 	i := 0
 	for {
-		rest := buf[i:]
-		pos, pat := m.leftmost(rest)
-		hold := len(rest)
-		if !final {
-			hold = m.partialStart(rest)
+		pos, pat := -1, -1
+		for j, p := range m.pats {
+			if next[j] == -2 || next[j] >= 0 && next[j] < i {
+				if k := bytes.Index(buf[i:], p); k >= 0 {
+					next[j] = i + k
+				} else {
+					next[j] = -1
+				}
+			}
+			if n := next[j]; n >= 0 && (pos < 0 || n < pos || n == pos && len(p) > len(m.pats[pat])) {
+				pos, pat = n, j
+			}
+		}
+		for len(partial) > 0 && partial[0] < i {
+			partial = partial[1:]
+		}
+		hold := len(buf)
+		if len(partial) > 0 {
+			hold = partial[0]
 		}
 		if pos >= 0 && pos < hold {
-			dst = append(dst, rest[:pos]...)
+			dst = append(dst, buf[i:pos]...)
 			r, err := repl(m.idx[pat])
 			if err != nil {
-				return dst, i + pos, err
+				return dst, pos, err
 			}
 			dst = append(dst, r...)
-			i += pos + len(m.pats[pat])
+			i = pos + len(m.pats[pat])
 			continue
 		}
-		dst = append(dst, rest[:hold]...)
-		return dst, i + hold, nil
+		dst = append(dst, buf[i:hold]...)
+		return dst, hold, nil
 	}
 }
 

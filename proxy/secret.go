@@ -30,11 +30,11 @@ func (s SecretValue) Reveal() string { return s.v }
 // IsZero reports whether the value is empty.
 func (s SecretValue) IsZero() bool { return s.v == "" }
 
-func (s SecretValue) String() string                 { return Redacted }
-func (s SecretValue) GoString() string               { return Redacted }
-func (s SecretValue) MarshalText() ([]byte, error)   { return []byte(Redacted), nil }
-func (s SecretValue) MarshalJSON() ([]byte, error)   { return json.Marshal(Redacted) }
-func (s SecretValue) LogValue() slog.Value           { return slog.StringValue(Redacted) }
+func (s SecretValue) String() string                { return Redacted }
+func (s SecretValue) GoString() string              { return Redacted }
+func (s SecretValue) MarshalText() ([]byte, error)  { return []byte(Redacted), nil }
+func (s SecretValue) MarshalJSON() ([]byte, error)  { return json.Marshal(Redacted) }
+func (s SecretValue) LogValue() slog.Value          { return slog.StringValue(Redacted) }
 func (s *SecretValue) UnmarshalText(b []byte) error { s.v = string(b); return nil }
 
 // UnmarshalJSON reads a JSON string holding the plain value.
