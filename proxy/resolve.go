@@ -19,8 +19,8 @@ const SecretCommandTimeout = 30 * time.Second
 //   - "env:NAME": the environment variable NAME;
 //   - "file:PATH": the file's content; "~" or "~/" at the start means the user's home, and a
 //     relative path is relative to baseDir (the directory of the config file that names it);
-//   - "command:CMD": the standard output of `sh -c CMD` (standard input empty, at most
-//     SecretCommandTimeout, also bounded by ctx).
+//   - "command:CMD": the standard output of `sh -c CMD`, run in baseDir with empty standard input
+//     for at most SecretCommandTimeout (and as long as ctx lasts).
 //
 // Leading and trailing white space is trimmed; an empty result is an error. Errors name the source
 // and say how to fix it; they never include the value (for a failed command they may quote the
@@ -49,7 +49,7 @@ func ResolveSecretValue(ctx context.Context, from string, baseDir string) (strin
 		}
 		v = string(b)
 	case "command":
-		out, err := runSecretCommand(ctx, arg)
+		out, err := runSecretCommand(ctx, arg, baseDir)
 		if err != nil {
 			return "", fmt.Errorf("secret source %s: %w", from, err)
 		}
@@ -78,12 +78,13 @@ func expandPath(p, baseDir string) (string, error) {
 	return p, nil
 }
 
-func runSecretCommand(ctx context.Context, command string) (string, error) {
+func runSecretCommand(ctx context.Context, command, dir string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, SecretCommandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", command)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdin = nil
+	cmd.Dir = dir
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = time.Second // a child that keeps the pipes open must not hang us
