@@ -58,6 +58,13 @@ func (s *lineStream) readLine() ([]byte, error) {
 			}
 			return nil, errTooLong
 		}
+		if need := len(buf) + len(chunk); need > cap(buf) {
+			// Grow by doubling (append grows large slices by 1.25x, which
+			// allocates several times the line's size on the way up).
+			nb := make([]byte, len(buf), max(2*cap(buf), need, 4096))
+			copy(nb, buf)
+			buf = nb
+		}
 		buf = append(buf, chunk...)
 		switch {
 		case err == nil:

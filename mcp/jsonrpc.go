@@ -246,17 +246,22 @@ func (h *rpcHandler) Handle(_ context.Context, conn *jsonrpc2.Conn, req *jsonrpc
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		defer func() {
-			h.mu.Lock()
-			delete(h.inflight, req.ID)
-			h.mu.Unlock()
-			cancel()
-		}()
-		h.run(ctx, conn, req, sv)
+		res, terr := h.run(ctx, conn, req, sv)
+		// Forget the id before answering: the caller may reuse it as soon
+		// as it has the answer.
+		h.mu.Lock()
+		delete(h.inflight, req.ID)
+		h.mu.Unlock()
+		cancel()
+		if terr != nil {
+			h.replyError(conn, req, terr)
+			return
+		}
+		h.reply(conn, req, res.Structured)
 	}()
 }
 
-func (h *rpcHandler) run(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, sv *served) {
+func (h *rpcHandler) run(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, sv *served) (tools.Result, *tools.Error) {
 	id := req.ID
 	th := newThrottle(h.s.d.opts.ProgressInterval, func(p tools.Progress) error {
 		params := map[string]any{"id": id, "progress": p.Current}
@@ -274,11 +279,7 @@ func (h *rpcHandler) run(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2
 	}
 	res, terr := h.s.d.call(ctx, sv, args, th.report)
 	th.close()
-	if terr != nil {
-		h.replyError(conn, req, terr)
-		return
-	}
-	h.reply(conn, req, res.Structured)
+	return res, terr
 }
 
 func (h *rpcHandler) reply(conn *jsonrpc2.Conn, req *jsonrpc2.Request, result any) {

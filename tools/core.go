@@ -36,26 +36,30 @@ type Provisioner interface {
 	Provision(ctx context.Context, p *sandbox.Project) (sandbox.ProvisionResult, error)
 }
 
-// SecretProxy is the core's secret-proxy management (secret_proxy). Secret
-// values never cross it: only names, references and hosts.
-type SecretProxy interface {
+// SecretSetter is the core's secret configuration (secret_proxy set and
+// remove). Secret values never cross it: only names, references and hosts.
+type SecretSetter interface {
 	// SetSecret adds or replaces a secret in the project's configuration.
 	SetSecret(ctx context.Context, p *sandbox.Project, name string, s sandbox.SecretConfig) error
 	// RemoveSecret removes a secret from the project's configuration
 	// (ErrNotFound when it has none by that name).
 	RemoveSecret(ctx context.Context, p *sandbox.Project, name string) error
-	// AuditEvents returns the newest n audit events of the project's proxy,
-	// oldest first.
+}
+
+// AuditReader reads the project proxy's audit log (secret_proxy audit).
+type AuditReader interface {
+	// AuditEvents returns the newest n audit events, oldest first.
 	AuditEvents(ctx context.Context, p *sandbox.Project, n int) ([]proxy.AuditEvent, error)
 }
 
 // Deps are what the tools are built from.
 type Deps struct {
 	Core Core
-	// Provisioner and SecretProxy default to Core when it implements them;
-	// without one, the tool answers CodeUnsupported.
+	// Provisioner, Secrets and Audit default to Core when it implements
+	// them; without one, the operation answers CodeUnsupported.
 	Provisioner Provisioner
-	SecretProxy SecretProxy
+	Secrets     SecretSetter
+	Audit       AuditReader
 	Log         zerolog.Logger
 }
 
@@ -64,8 +68,11 @@ func All(d Deps) *Registry {
 	if d.Provisioner == nil {
 		d.Provisioner, _ = d.Core.(Provisioner)
 	}
-	if d.SecretProxy == nil {
-		d.SecretProxy, _ = d.Core.(SecretProxy)
+	if d.Secrets == nil {
+		d.Secrets, _ = d.Core.(SecretSetter)
+	}
+	if d.Audit == nil {
+		d.Audit, _ = d.Core.(AuditReader)
 	}
 	h := &handlers{Deps: d}
 	return NewRegistry(
@@ -198,4 +205,5 @@ func plural(n int, one, many string) string {
 var (
 	_ Core        = (*sandbox.Manager)(nil)
 	_ Provisioner = (*sandbox.Manager)(nil)
+	_ AuditReader = (*sandbox.Manager)(nil)
 )

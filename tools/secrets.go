@@ -106,7 +106,7 @@ func (h *handlers) secretProxyTool() Tool {
 			if !validEnvName(in.Name) {
 				return SecretProxyOutput{}, "", InvalidParams(tool, "/name", "name %q must be letters, digits and _ (it becomes an environment variable)", in.Name)
 			}
-			if !strings.HasPrefix(in.From, "env:") && !strings.HasPrefix(in.From, "file:") || len(in.From) <= 5 {
+			if kind, ref, _ := strings.Cut(in.From, ":"); kind != "env" && kind != "file" || ref == "" {
 				return SecretProxyOutput{}, "", InvalidParams(tool, "/from", "action set needs from: env:NAME or file:PATH, where the host reads the value")
 			}
 			if len(in.Hosts) == 0 {
@@ -124,19 +124,18 @@ func (h *handlers) secretProxyTool() Tool {
 			return SecretProxyOutput{}, "", err
 		}
 		out := SecretProxyOutput{Action: in.Action, Audit: []AuditEventOut{}}
-		needCore := in.Action == "set" || in.Action == "remove" || in.Action == "audit"
-		if needCore && h.SecretProxy == nil {
+		if (in.Action == "set" || in.Action == "remove") && h.Secrets == nil || in.Action == "audit" && h.Audit == nil {
 			return out, "", &Error{Code: CodeUnsupported, Kind: KindUnsupported, Tool: tool,
 				Message: fmt.Sprintf("secret_proxy action %q is not available in this build of agents-sandbox; edit [secrets] in .agents-sandbox/config.toml instead", in.Action)}
 		}
 		switch in.Action {
 		case "set":
-			if err := h.SecretProxy.SetSecret(ctx, p, in.Name, sandbox.SecretConfig{From: in.From, Hosts: in.Hosts, Body: in.Body}); err != nil {
+			if err := h.Secrets.SetSecret(ctx, p, in.Name, sandbox.SecretConfig{From: in.From, Hosts: in.Hosts, Body: in.Body}); err != nil {
 				return out, "", err
 			}
 			out.Changed = true
 		case "remove":
-			if err := h.SecretProxy.RemoveSecret(ctx, p, in.Name); err != nil {
+			if err := h.Secrets.RemoveSecret(ctx, p, in.Name); err != nil {
 				return out, "", err
 			}
 			out.Changed = true
@@ -145,7 +144,7 @@ func (h *handlers) secretProxyTool() Tool {
 			if n <= 0 {
 				n = 50
 			}
-			evs, err := h.SecretProxy.AuditEvents(ctx, p, n)
+			evs, err := h.Audit.AuditEvents(ctx, p, n)
 			if err != nil {
 				return out, "", err
 			}
