@@ -5,12 +5,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // addHome adds every home mapping, in target order, and returns the startup
@@ -58,16 +60,27 @@ func (b *builder) addHome(in Input) ([]Hook, error) {
 	}
 	for _, r := range ok {
 		if r.fi.IsDir() {
-			if err := b.walk(r.source, r.shown, r.target, true, nil); err != nil {
+			root, err := os.OpenRoot(r.source)
+			if err != nil {
+				return nil, &MappingError{Target: r.target, Msg: fmt.Sprintf("open %s: %v", r.source, err), Err: err}
+			}
+			err = b.walk(root, r.shown, r.target, true, nil)
+			root.Close()
+			if err != nil {
 				return nil, err
 			}
 			continue
 		}
-		data, err := os.ReadFile(r.source)
+		f, err := os.OpenFile(r.source, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return nil, &MappingError{Target: r.target, Msg: fmt.Sprintf("read %s: %v", r.source, err), Err: err}
 		}
-		b.add(newFile(r.target, fileMode(r.fi.Mode()), data, r.shown))
+		data, fi, err := readOpened(f)
+		f.Close()
+		if err != nil {
+			return nil, &MappingError{Target: r.target, Msg: fmt.Sprintf("read %s: %v", r.source, err), Err: err}
+		}
+		b.add(newFile(r.target, fileMode(fi.Mode()), data, r.shown))
 	}
 	return hooks, nil
 }
@@ -138,38 +151,39 @@ func resolveMapping(target string, m HomeMapping, in Input) (string, fs.FileInfo
 	return real, fi, nil
 }
 
-// walk adds the tree below root (a real directory) at dest. withRoot adds
-// dest itself as a directory with root's mode. Names in skipTop, directly in
-// root, are left out. Symbolic links are kept as links when they stay inside
-// root and are skipped with a warning otherwise; they are never followed.
-// Entries that are neither files, directories nor links are skipped with a
-// warning. shown is root as the user named it, for origins.
-func (b *builder) walk(root, shown, dest string, withRoot bool, skipTop map[string]bool) error {
+// walk adds the tree of r at dest. withRoot adds dest itself as a
+// directory with the root's mode. Names in skipTop, directly in the root, are
+// left out. Symbolic links are kept as links when they stay inside the root
+// and are skipped with a warning otherwise; they are never followed. Entries
+// that are neither files, directories nor links are skipped with a warning.
+// shown is the root as the user named it, for origins.
+//
+// Every access goes through r (os.Root), so a file swapped for a link out of
+// the root while the walk runs is refused, never read.
+func (b *builder) walk(r *os.Root, shown, dest string, withRoot bool, skipTop map[string]bool) error {
 	if withRoot {
-		fi, err := os.Stat(root)
+		fi, err := r.Stat(".")
 		if err != nil {
 			return fmt.Errorf("provision: %s: %w", shown, err)
 		}
 		b.add(File{Path: dest, Mode: fileMode(fi.Mode()), Dir: true, Origin: shown})
 	}
-	return b.walkDir(root, shown, dest, "", skipTop)
+	return b.walkDir(r, shown, dest, ".", skipTop)
 }
 
-func (b *builder) walkDir(root, shown, dest, rel string, skipTop map[string]bool) error {
-	dir := filepath.Join(root, filepath.FromSlash(rel))
-	ents, err := os.ReadDir(dir)
+func (b *builder) walkDir(root *os.Root, shown, dest, rel string, skipTop map[string]bool) error {
+	ents, err := readDir(root, rel)
 	if err != nil {
 		return fmt.Errorf("provision: read directory %s: %w", filepath.Join(shown, filepath.FromSlash(rel)), err)
 	}
 	for _, e := range ents {
-		if rel == "" && skipTop[e.Name()] {
+		if rel == "." && skipTop[e.Name()] {
 			continue
 		}
 		r := path.Join(rel, e.Name())
-		full := filepath.Join(root, filepath.FromSlash(r))
 		origin := filepath.Join(shown, filepath.FromSlash(r))
 		vm := path.Join(dest, r)
-		fi, err := os.Lstat(full)
+		fi, err := root.Lstat(r)
 		if err != nil {
 			return fmt.Errorf("provision: %s: %w", origin, err)
 		}
@@ -180,7 +194,7 @@ func (b *builder) walkDir(root, shown, dest, rel string, skipTop map[string]bool
 				return err
 			}
 		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(full)
+			target, err := root.Readlink(r)
 			if err != nil {
 				return fmt.Errorf("provision: read link %s: %w", origin, err)
 			}
@@ -190,16 +204,79 @@ func (b *builder) walkDir(root, shown, dest, rel string, skipTop map[string]bool
 			}
 			b.add(newLink(vm, target, origin))
 		case fi.Mode().IsRegular():
-			data, err := os.ReadFile(full)
+			data, fi, err := readRegular(root, r)
+			if errors.Is(err, errNotRegular) {
+				b.warn(origin, "skipped: it stopped being a regular file while it was read")
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("provision: read %s: %w", origin, err)
 			}
 			b.add(newFile(vm, fileMode(fi.Mode()), data, origin))
 		default:
-			b.warn(origin, fmt.Sprintf("skipped: %s is neither a file, a directory nor a symbolic link", fi.Mode().Type()))
+			b.warn(origin, fmt.Sprintf("skipped: a %s is neither a file, a directory nor a symbolic link", typeName(fi.Mode())))
 		}
 	}
 	return nil
+}
+
+func typeName(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	}
+	return "special file (" + m.Type().String() + ")"
+}
+
+// readDir lists a directory of root, sorted by name.
+func readDir(root *os.Root, rel string) ([]fs.DirEntry, error) {
+	f, err := root.Open(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return ents, nil
+}
+
+var errNotRegular = errors.New("not a regular file")
+
+// readRegular reads a regular file of root (following links only while
+// they stay inside root) and returns its content and the opened file's
+// info. It opens without blocking, so a FIFO put in the file's place is
+// reported as errNotRegular instead of hanging the read.
+func readRegular(root *os.Root, rel string) ([]byte, fs.FileInfo, error) {
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	return readOpened(f)
+}
+
+func readOpened(f *os.File) ([]byte, fs.FileInfo, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fi, errNotRegular
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return data, fi, nil
 }
 
 // linkInside reports whether a link at rel (slash path below the source

@@ -56,8 +56,10 @@ func TestHomeMappings(t *testing.T) {
 		err      []string // substrings of the error; the plan must then be empty
 	}{
 		{
-			name:  "empty source is the same path under the host home",
-			home:  func(hostFixture) map[string]provision.HomeMapping { return map[string]provision.HomeMapping{".gitconfig": {}} },
+			name: "empty source is the same path under the host home",
+			home: func(hostFixture) map[string]provision.HomeMapping {
+				return map[string]provision.HomeMapping{".gitconfig": {}}
+			},
 			files: map[string]want{".gitconfig": {mode: 0o600, content: "[user]\n\tname = dev\n"}},
 		},
 		{
@@ -80,8 +82,10 @@ func TestHomeMappings(t *testing.T) {
 			files: map[string]want{".npmrc": {mode: 0o640, content: "registry=x\n"}},
 		},
 		{
-			name:  "a source that is itself a link is followed",
-			home:  func(hostFixture) map[string]provision.HomeMapping { return map[string]provision.HomeMapping{".bashrc": {}} },
+			name: "a source that is itself a link is followed",
+			home: func(hostFixture) map[string]provision.HomeMapping {
+				return map[string]provision.HomeMapping{".bashrc": {}}
+			},
 			files: map[string]want{".bashrc": {mode: 0o644, content: "export A=1\n"}},
 		},
 		{

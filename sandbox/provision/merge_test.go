@@ -299,6 +299,17 @@ func FuzzMerge(f *testing.F) {
 		if !bytes.Equal(again, out) {
 			t.Fatalf("merging the output alone changed it:\n%q\n%q", out, again)
 		}
+		// The same snippets written as TOML: an error (null in an array, a
+		// number TOML cannot hold) or TOML that parses.
+		tout, _, err := provision.Merge([]provision.Snippet{
+			{Name: "a.jsonc", Data: a}, {Name: "b.jsonc", Data: b},
+		}, provision.FormatTOML)
+		if err == nil {
+			var m map[string]any
+			if _, err := toml.Decode(string(tout), &m); err != nil {
+				t.Fatalf("TOML output does not parse: %v\n%s", err, tout)
+			}
+		}
 	})
 }
 

@@ -197,24 +197,7 @@ func Build(in Input) (Plan, error) {
 	var snippetPaths []string
 	var snippetMode fs.FileMode = 0o644
 	for _, l := range in.Layers {
-		root, ok, err := resolveLayer(l)
-		if err != nil {
-			return Plan{}, err
-		}
-		if !ok {
-			continue
-		}
-		if in.Config == "" {
-			if ents, _ := os.ReadDir(root); len(ents) > 0 {
-				b.warn(l.Dir, "the agent reads no config file, so this layer's files are not provisioned")
-			}
-			continue
-		}
-		taken, err := b.collectSnippets(l, root, in.Snippets, &snippets, &snippetPaths, &snippetMode)
-		if err != nil {
-			return Plan{}, err
-		}
-		if err := b.walk(root, l.Dir, path.Dir(in.Config), false, taken); err != nil {
+		if err := b.addLayer(l, in, &snippets, &snippetPaths, &snippetMode); err != nil {
 			return Plan{}, err
 		}
 	}
@@ -283,77 +266,66 @@ func checkRel(p string) error {
 	return nil
 }
 
-// resolveLayer returns the layer's directory with symlinks resolved, and
-// false when it does not exist.
-func resolveLayer(l Layer) (string, bool, error) {
+// addLayer collects the layer's snippets and mirrors its other files. A
+// missing layer directory is an empty layer.
+func (b *builder) addLayer(l Layer, in Input, snippets *[]Snippet, paths *[]string, mode *fs.FileMode) error {
 	if l.Dir == "" {
-		return "", false, nil
+		return nil
 	}
-	root, err := filepath.EvalSymlinks(l.Dir)
+	real, err := filepath.EvalSymlinks(l.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", false, nil
+		return nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("provision: %s layer %q: %w", l.Name, l.Dir, err)
+		return fmt.Errorf("provision: %s layer %q: %w", l.Name, l.Dir, err)
 	}
-	fi, err := os.Stat(root)
+	if fi, err := os.Stat(real); err != nil {
+		return fmt.Errorf("provision: %s layer %q: %w", l.Name, l.Dir, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("provision: %s layer %q: not a directory", l.Name, l.Dir)
+	}
+	root, err := os.OpenRoot(real)
 	if err != nil {
-		return "", false, fmt.Errorf("provision: %s layer %q: %w", l.Name, l.Dir, err)
+		return fmt.Errorf("provision: %s layer %q: %w", l.Name, l.Dir, err)
 	}
-	if !fi.IsDir() {
-		return "", false, fmt.Errorf("provision: %s layer %q: not a directory", l.Name, l.Dir)
-	}
-	return root, true, nil
-}
-
-// collectSnippets appends the layer's snippets (alphabetical) to snippets and
-// returns the names at the top of the layer that are snippets or skipped
-// snippet links, which mirroring must leave out.
-func (b *builder) collectSnippets(l Layer, root string, patterns []string, snippets *[]Snippet, paths *[]string, mode *fs.FileMode) (map[string]bool, error) {
-	ents, err := os.ReadDir(root)
+	defer root.Close()
+	ents, err := readDir(root, ".")
 	if err != nil {
-		return nil, fmt.Errorf("provision: read %s layer %q: %w", l.Name, l.Dir, err)
+		return fmt.Errorf("provision: read %s layer %q: %w", l.Name, l.Dir, err)
+	}
+	if in.Config == "" {
+		if len(ents) > 0 {
+			b.warn(l.Dir, "the agent reads no config file, so this layer's files are not provisioned")
+		}
+		return nil
 	}
 	taken := map[string]bool{}
-	for _, e := range ents { // os.ReadDir sorts by name
-		if !matchAny(patterns, e.Name()) || e.IsDir() {
+	for _, e := range ents {
+		if e.IsDir() || !matchAny(in.Snippets, e.Name()) {
 			continue
 		}
-		full := filepath.Join(root, e.Name())
 		shown := filepath.Join(l.Dir, e.Name())
-		real := full
+		taken[e.Name()] = true
 		if e.Type()&fs.ModeSymlink != 0 {
-			taken[e.Name()] = true
-			r, err := filepath.EvalSymlinks(full)
-			if err != nil || !within(root, r) {
-				b.warn(shown, "snippet skipped: it is a symbolic link that leads out of the layer directory or nowhere; links are never followed out of a layer")
+			if fi, err := root.Stat(e.Name()); err != nil || !fi.Mode().IsRegular() {
+				// Stat through the root fails for a link leading out of it.
+				b.warn(shown, "snippet skipped: it is a symbolic link that leads out of the layer directory, nowhere, or not to a file; links are never followed out of a layer")
 				continue
 			}
-			real = r
 		}
-		fi, err := os.Stat(real)
-		if err != nil {
-			return nil, fmt.Errorf("provision: snippet %q: %w", shown, err)
-		}
-		if !fi.Mode().IsRegular() {
-			if e.Type()&fs.ModeSymlink == 0 {
-				b.warn(shown, "skipped: not a regular file")
-				taken[e.Name()] = true
-			} else {
-				b.warn(shown, "snippet skipped: its link does not lead to a regular file")
-			}
+		data, fi, err := readRegular(root, e.Name())
+		if errors.Is(err, errNotRegular) {
+			b.warn(shown, "skipped: not a regular file")
 			continue
 		}
-		data, err := os.ReadFile(real)
 		if err != nil {
-			return nil, fmt.Errorf("provision: read snippet %q: %w", shown, err)
+			return fmt.Errorf("provision: read snippet %q: %w", shown, err)
 		}
-		taken[e.Name()] = true
 		*snippets = append(*snippets, Snippet{Name: shown, Data: data})
 		*paths = append(*paths, shown)
 		*mode = fileMode(fi.Mode())
 	}
-	return taken, nil
+	return b.walk(root, l.Dir, path.Dir(in.Config), false, taken)
 }
 
 func matchAny(patterns []string, name string) bool {
@@ -363,12 +335,6 @@ func matchAny(patterns []string, name string) bool {
 		}
 	}
 	return false
-}
-
-// within reports whether p is root or below it (both cleaned, absolute).
-func within(root, p string) bool {
-	rel, err := filepath.Rel(root, p)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
 }
 
 // fileMode keeps the permission, setuid, setgid and sticky bits.

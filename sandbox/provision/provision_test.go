@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/agents-sandbox/agents-sandbox/sandbox/provision"
@@ -231,5 +232,43 @@ func TestShadowed(t *testing.T) {
 		if got := provision.Shadowed(tt.config); !slices.Equal(got, tt.want) {
 			t.Errorf("Shadowed(%q) = %q, want %q", tt.config, got, tt.want)
 		}
+	}
+}
+
+// A FIFO named like a snippet, or anywhere in a layer or mapping, is skipped
+// without blocking on it.
+func TestSpecialFilesSkipped(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, p := range []string{filepath.Join(dir, "user", "x.json"), filepath.Join(dir, "user", "sub", "fifo"), filepath.Join(dir, "src", "fifo")} {
+		mkdir(t, filepath.Dir(p), 0o755)
+		if err := syscall.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(dir, "user", "y.json"), `{"y": 1}`, 0o644)
+	plan, err := provision.Build(provision.Input{
+		Layers:   layersOf(dir),
+		Config:   ".claude/settings.json",
+		Snippets: []string{"*.json"},
+		Home:     map[string]provision.HomeMapping{"m": {Source: filepath.Join(dir, "src")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, plan, map[string]want{
+		"m":                     {dir: true, mode: 0o755},
+		".claude/sub":           {dir: true, mode: 0o755},
+		".claude/settings.json": {mode: 0o644, content: "{\n  \"y\": 1\n}\n"},
+	})
+	checkWarnings(t, plan.Warnings,
+		filepath.Join(dir, "src", "fifo")+": skipped: a named pipe is neither",
+		filepath.Join(dir, "user", "x.json")+": skipped: not a regular file",
+		filepath.Join(dir, "user", "sub", "fifo")+": skipped: a named pipe is neither",
+	)
+	// A FIFO as the source of a file mapping is refused, not read.
+	_, err = provision.Build(provision.Input{Home: map[string]provision.HomeMapping{"f": {Source: filepath.Join(dir, "src", "fifo")}}})
+	if err == nil || !strings.Contains(err.Error(), "neither a file nor a directory") {
+		t.Errorf("err = %v", err)
 	}
 }
