@@ -166,8 +166,14 @@ const mergedOrigin = "merged config"
 // parse (*SnippetError, naming file, line and column); unreadable files; and
 // every rejected home mapping (*MappingError, all joined): absolute targets,
 // targets containing "..", targets on or inside Config, missing sources
-// unless optional, a hook that is not a file. On error the Plan is empty, so
-// nothing gets written.
+// unless optional, relative or ~user sources, a startup hook that is not an
+// executable file. On error the Plan is empty, so nothing gets written.
+//
+// Files are read through os.Root: a symbolic link inside a layer or a
+// mapped directory is never followed out of it, not even when a file is
+// swapped for one while Build runs. Only a mapping's source itself (say
+// ~/.gitconfig linked into a dotfiles checkout) is followed. Contents are
+// held in memory; mapping large trees costs their size.
 func Build(in Input) (Plan, error) {
 	b := &builder{files: map[string]entry{}}
 	var cfgFormat Format
