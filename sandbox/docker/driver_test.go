@@ -35,6 +35,7 @@ func suiteOptions(t *testing.T) runtimetest.Options {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	d := newDriver(t, docker.Options{})
 	runtimetest.Run(t, d, suiteOptions(t))
 }
@@ -42,6 +43,7 @@ func TestConformance(t *testing.T) {
 // TestBuildKit runs the build tests with BuildKit forced, which Docker 20.10
 // does not use for API builds by default.
 func TestBuildKit(t *testing.T) {
+	t.Parallel()
 	d := newDriver(t, docker.Options{Builder: docker.BuilderBuildKit})
 	if !d.Capabilities().BuildKit {
 		t.Skip("the engine cannot build with BuildKit")
@@ -49,8 +51,10 @@ func TestBuildKit(t *testing.T) {
 	runtimetest.RunBuild(t, d, suiteOptions(t))
 }
 
-// TestClassicBuilder runs the build tests with the classic builder forced.
+// TestClassicBuilder runs the build tests with the classic builder forced,
+// which newer engines do not use by default.
 func TestClassicBuilder(t *testing.T) {
+	t.Parallel()
 	d := newDriver(t, docker.Options{Builder: docker.BuilderClassic})
 	runtimetest.RunBuild(t, d, suiteOptions(t))
 }

@@ -28,8 +28,10 @@ const ociExecFailed = "OCI runtime exec failed"
 // copied to the command and its stdin closed at EOF; a Stdin that never
 // returns keeps one goroutine blocked on it after Exec returns.
 //
-// The result is the command's exit code, read from the engine once the
-// command has ended. A command that cannot be started is an exit code, not an
+// Output is read until every process holding the command's stdout and
+// stderr has closed them (a background child that keeps them open keeps Exec
+// waiting, as with docker exec). The result is the command's exit code, read
+// from the engine once the command has ended. A command that cannot be started is an exit code, not an
 // error: 127 when the executable does not exist, 126 when it cannot be
 // executed, with the engine's message on req.Stderr (req.Stdout with a TTY).
 //
