@@ -126,7 +126,7 @@ func (w *wrapper) run(ctx context.Context) int {
 
 	w.session = Session{
 		ID: id, PID: w.self.PID, StartTicks: w.self.StartTicks, Daemon: o.Daemon,
-		Cmd: o.Args, StartedAt: wallNow(),
+		Cmd: summarizeCmd(o.Args), StartedAt: wallNow(),
 	}
 	if err := w.register(); err != nil {
 		w.note("vm-exec: %v", err)
@@ -483,16 +483,20 @@ func ensureSessionsDir(runDir string) error {
 
 // touch sets path's mtime to now, creating it (mode 0666, so wrappers of
 // every user can stamp it) when missing. Setting "now" (a NULL utimensat)
-// needs only write access, not ownership.
+// needs only write access, not ownership. It never follows a symlink: the
+// directory is writable by every user.
 func touch(path string) error {
-	err := unix.UtimesNanoAt(unix.AT_FDCWD, path, nil, 0)
+	err := unix.UtimesNanoAt(unix.AT_FDCWD, path, nil, unix.AT_SYMLINK_NOFOLLOW)
 	if err == nil {
 		return nil
 	}
 	if !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("touch %q: %w", path, err)
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o666)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o666)
+	if errors.Is(err, fs.ErrExist) {
+		return touch(path) // created meanwhile by another wrapper
+	}
 	if err != nil {
 		return fmt.Errorf("touch %q: %w", path, err)
 	}

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // writeAtomic writes data to dir/name through a temp file in dir, so a reader
@@ -53,7 +55,7 @@ func ReadSession(runDir, id string) (Session, error) {
 		return Session{}, fmt.Errorf("read session %q: invalid id: %w", id, ErrNoSession)
 	}
 	path := sessionFile(runDir, id)
-	data, err := os.ReadFile(path)
+	data, err := readSmallFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return Session{}, fmt.Errorf("read session %q: %w", id, ErrNoSession)
 	}
@@ -101,7 +103,7 @@ func readSessions(runDir string) ([]Session, error) {
 // Errors wrap os.ErrNotExist when Init has not written one.
 func ReadStatus(runDir string) (Status, error) {
 	path := StatusFile(runDir)
-	data, err := os.ReadFile(path)
+	data, err := readSmallFile(path)
 	if err != nil {
 		return Status{}, fmt.Errorf("read status: %w", err)
 	}
@@ -110,4 +112,58 @@ func ReadStatus(runDir string) (Status, error) {
 		return Status{}, fmt.Errorf("parse status %q: %w", path, err)
 	}
 	return st, nil
+}
+
+// maxFileSize bounds what readSmallFile reads.
+const maxFileSize = 1 << 20
+
+// readSmallFile reads a regular file of at most maxFileSize bytes without
+// following a symlink: the sessions directory is writable by every user, and
+// a planted link to /dev/zero or a FIFO must not hang or exhaust Init.
+// Errors wrap os.ErrNotExist for a missing file.
+func readSmallFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxFileSize)
+	}
+	return data, nil
+}
+
+// Limits of Session.Cmd, so a long prompt passed as an argument keeps the
+// session file small.
+const (
+	maxCmdArgs   = 32
+	maxCmdArgLen = 256
+)
+
+// summarizeCmd returns args cut to maxCmdArgs arguments of at most
+// maxCmdArgLen bytes each; a cut is marked with "…".
+func summarizeCmd(args []string) []string {
+	out := make([]string, 0, min(len(args), maxCmdArgs+1))
+	for i, a := range args {
+		if i == maxCmdArgs {
+			out = append(out, fmt.Sprintf("… (%d more)", len(args)-maxCmdArgs))
+			break
+		}
+		if len(a) > maxCmdArgLen {
+			a = strings.ToValidUTF8(a[:maxCmdArgLen], "") + "…"
+		}
+		out = append(out, a)
+	}
+	return out
 }

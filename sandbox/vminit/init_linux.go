@@ -120,6 +120,15 @@ func (in *initProc) prepareRunDir() error {
 	if err := ensureSessionsDir(in.opts.RunDir); err != nil {
 		return err
 	}
+	// Wrappers of every user register here, whoever made the directory.
+	if err := os.Chmod(SessionsDir(in.opts.RunDir), 0o777|os.ModeSticky); err != nil {
+		in.log.Warn().Err(err).Msg("make the sessions dir writable for every user")
+	}
+	// Created by Init (root in the VM) before any user can plant something
+	// under that name.
+	if err := touch(activityFile(in.opts.RunDir)); err != nil {
+		return err
+	}
 	all, err := readSessions(in.opts.RunDir)
 	if err != nil {
 		return err

@@ -69,6 +69,14 @@ func TestInitNotActivity(t *testing.T) {
 		writeSession(t, rd, vminit.Session{ID: "dead", PID: deadPID(t), StartTicks: 1, PGID: deadPID(t)})
 		// A live pid with another start time: the pid was reused.
 		writeSession(t, rd, vminit.Session{ID: "reused", PID: self.PID, StartTicks: self.StartTicks - 1, PGID: self.PGRP})
+		// Planted by a user of the world-writable directory: must not hang
+		// or exhaust Init.
+		if err := os.Symlink("/dev/zero", filepath.Join(vminit.SessionsDir(rd), "zero.pid")); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mkfifo(filepath.Join(vminit.SessionsDir(rd), "fifo.pid"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		p := startInit(t, rd, "--idle-timeout", "300ms")
 		if code := p.wait(t); code != 0 {
 			t.Fatalf("exit code %d; log: %s", code, p.stderr)

@@ -4,7 +4,9 @@ package vminit
 
 import (
 	"os"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseProcStat(t *testing.T) {
@@ -55,5 +57,19 @@ func TestDescendants(t *testing.T) {
 	got := descendants(all, 10)
 	if len(got) != 2 || got[0].PID != 11 || got[1].PID != 12 {
 		t.Errorf("descendants(10) = %+v, want pids 11, 12", got)
+	}
+}
+
+func TestSummarizeCmd(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", 200) // 400 bytes
+	got := summarizeCmd([]string{"claude", "-p", long})
+	if len(got) != 3 || got[0] != "claude" || len(got[2]) > maxCmdArgLen+len("…") || !strings.HasSuffix(got[2], "…") || !utf8.ValidString(got[2]) {
+		t.Errorf("summarizeCmd(long arg) = %q", got)
+	}
+	many := make([]string, 40)
+	got = summarizeCmd(many)
+	if len(got) != maxCmdArgs+1 || got[maxCmdArgs] != "… (8 more)" {
+		t.Errorf("summarizeCmd(40 args) has %d entries, last %q", len(got), got[len(got)-1])
 	}
 }
