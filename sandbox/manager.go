@@ -88,6 +88,12 @@ type OpenOptions struct {
 	// Flags are dotted config keys set on the command line or in a tool call
 	// (the highest layer).
 	Flags map[string]string
+	// Trust accepts the checkout's own configuration of secrets, home
+	// mappings, mounts and wider egress (see ErrUntrusted).
+	Trust bool
+	// SkipTrust resolves without checking trust, for read-only inspection
+	// (identity, config show, status, list).
+	SkipTrust bool
 }
 
 // Open resolves dir, loads its layered configuration and resolves the agent.
@@ -120,6 +126,11 @@ func (m *Manager) Open(opts OpenOptions) (*Project, error) {
 		return nil, err
 	}
 	p := &Project{ID: id, Config: lc.Config, Origins: lc.Origins, Agent: agent, Names: id.Names(agent.Name, m.Dirs)}
+	if !opts.SkipTrust {
+		if err := m.checkTrust(p, opts.Trust); err != nil {
+			return nil, err
+		}
+	}
 	st, err := LoadState(p.Names.StateDir)
 	if err != nil {
 		return nil, err

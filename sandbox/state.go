@@ -26,6 +26,9 @@ type State struct {
 	// command:) and hosts, never values. They override configured secrets of
 	// the same name.
 	Secrets map[string]SecretConfig `json:"secrets,omitempty"`
+	// TrustedProjectConfig is the hash of the sensitive part of the
+	// checkout's .agents-sandbox/config.toml the user last trusted.
+	TrustedProjectConfig string `json:"trusted_project_config,omitempty"`
 	// UpdatedAt is when the file was last written (UTC).
 	UpdatedAt time.Time `json:"updated_at"`
 }

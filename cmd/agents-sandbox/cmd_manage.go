@@ -29,6 +29,7 @@ func newStatusCommand(a *app) *cobra.Command {
 		Short: "Show the state of the checkout's VM",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.inspect = true
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -64,6 +65,7 @@ func newStopCommand(a *app) *cobra.Command {
 		Short: "Stop the checkout's VM (its home volume stays)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.inspect = true
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -88,6 +90,7 @@ func newKillCommand(a *app) *cobra.Command {
 		Short: "Kill the checkout's VM at once",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.inspect = true
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -113,6 +116,7 @@ func newRemoveCommand(a *app) *cobra.Command {
 		Short:   "Remove the checkout's VM (and with --volume its home volume)",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.inspect = true
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -178,7 +182,7 @@ func newListCommand(a *app) *cobra.Command {
 				m, err = a.manager(cmd.Context())
 			} else {
 				var p *sandbox.Project
-				m, p, err = a.open(cmd.Context(), projectFlags{dir: f.dir, set: f.set})
+				m, p, err = a.open(cmd.Context(), projectFlags{dir: f.dir, set: f.set, inspect: true})
 				if p != nil {
 					filter.Checkout = p.ID.CheckoutSlug
 				}

@@ -29,6 +29,7 @@ func newProxyAuditCommand(a *app) *cobra.Command {
 		Short: "Show the proxy's recent audit events (blocked and substituted requests; never values)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.inspect = true
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err

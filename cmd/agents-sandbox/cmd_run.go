@@ -22,12 +22,17 @@ type projectFlags struct {
 	dir   string
 	agent string
 	set   []string // KEY=VALUE config overrides
+	trust bool
+	// inspect marks commands that only look at or stop things: they skip
+	// the project-configuration trust check.
+	inspect bool
 }
 
 func (f *projectFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.dir, "dir", "C", "", "checkout directory (default: the current directory)")
 	cmd.Flags().StringVarP(&f.agent, "agent", "a", "", "agent to use (default: the configured agent)")
 	cmd.Flags().StringArrayVar(&f.set, "set", nil, "override a config key, e.g. --set resources.cpus=2 (repeatable)")
+	cmd.Flags().BoolVar(&f.trust, "trust", false, "accept the checkout's own secrets, home mappings, mounts and egress settings (see `agents-sandbox trust`)")
 }
 
 // manager builds the Manager for this invocation.
@@ -69,7 +74,7 @@ func (a *app) open(ctx context.Context, f projectFlags) (*sandbox.Manager, *sand
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := m.Open(sandbox.OpenOptions{Dir: dir, Agent: f.agent, Flags: flags})
+	p, err := m.Open(sandbox.OpenOptions{Dir: dir, Agent: f.agent, Flags: flags, Trust: f.trust, SkipTrust: f.inspect})
 	if err != nil {
 		return nil, nil, err
 	}
