@@ -116,7 +116,7 @@ func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm
 	toRemove := append(append([]string{}, plan.Remove...), remove...)
 	sort.Strings(toRemove)
 	if len(toRemove) > 0 {
-		args := []string{"rm", "-f", "--"}
+		args := []string{"rm", "-rf", "--"}
 		for _, r := range toRemove {
 			args = append(args, HomeDir+"/"+r)
 		}
