@@ -71,7 +71,8 @@ func (d *Driver) RemoveNetwork(ctx context.Context, name string) error {
 }
 
 // ConnectNetwork attaches a VM (running or not) to a network with extra DNS
-// aliases (ErrNotFound for either; ErrConflict when already attached).
+// aliases (ErrNotFound for either; ErrConflict when a running VM is already
+// attached — the engine silently accepts a repeat for a created one).
 func (d *Driver) ConnectNetwork(ctx context.Context, networkName, vm string, aliases []string) error {
 	op := fmt.Sprintf("connect VM %q to network %q", vm, networkName)
 	_, err := d.cli.NetworkConnect(ctx, networkName, client.NetworkConnectOptions{

@@ -57,6 +57,9 @@ func (s *suite) testNetworks(t *testing.T) {
 	if err := s.rt.StartVM(ctx, cli.Name); err != nil {
 		t.Fatalf("StartVM: %v", err)
 	}
+	if err := nw.ConnectNetwork(ctx, name, cli.Name, nil); !errors.Is(err, sandbox.ErrConflict) {
+		t.Errorf("ConnectNetwork of a running VM already attached: err = %v, want ErrConflict", err)
+	}
 	if err := nw.ConnectNetwork(ctx, s.name("no-such-net"), cli.Name, nil); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("ConnectNetwork to a missing network: err = %v, want ErrNotFound", err)
 	}
