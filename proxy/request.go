@@ -210,31 +210,35 @@ func (s *Server) handleRequest(req *http.Request, ctx *goproxy.ProxyCtx) (*http.
 	return req, nil
 }
 
-// wrapBody streams the request body through the substitution of secrets with Body set. It
-// reports whether a body secret depends on the dialed address (verdictIfIP).
+// wrapBody streams the request body through the substitution of secrets with Body set, when at
+// least one of them may go to this destination; other bodies pass untouched (a placeholder in
+// them reaches the host as the harmless placeholder it is). In a wrapped body, the placeholder of
+// a Body secret that may not go here stops the upload. It reports whether a body secret depends on
+// the dialed address (verdictIfIP).
 func (s *Server) wrapBody(req *http.Request, st *reqState) bool {
 	if !s.hasBody || req.Body == nil || req.Body == http.NoBody {
 		return false
 	}
 	var secs []*secretRule
 	var pats [][]byte
-	soft := false
+	soft, usable := false, false
 	for _, sec := range s.secrets {
 		if !sec.body {
 			continue
 		}
-		// Every body secret is scanned: a placeholder headed for a host its secret does not name
-		// stops the upload.
 		v := sec.verdict(st.dest)
 		soft = soft || v == verdictIfIP
+		usable = usable || v != verdictDeny
 		secs = append(secs, sec)
 		pats = append(pats, []byte(sec.ph))
-		if v != verdictDeny {
+	}
+	if !usable {
+		return false
+	}
+	for _, sec := range secs {
+		if sec.verdict(st.dest) != verdictDeny {
 			st.sent.add(sec)
 		}
-	}
-	if len(secs) == 0 {
-		return false
 	}
 	st.bodyAudited = map[*secretRule]bool{}
 	repl := func(i int) ([]byte, error) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"crypto/sha1"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/http2"
 )
 
 // The value contains characters that need escaping in a query and in a path.
@@ -347,29 +350,44 @@ func TestBodyPlaceholderToOtherHostIsBlocked(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	up := e.startUpstream(nil, true, false)
-	sec := githubSecret("api.test")
-	sec.Body = true
+	here := githubSecret("api.test")
+	here.Body = true
+	elsewhere := Secret{Name: "OTHER", Value: NewSecretValue("other-real-value"), Placeholder: NewPlaceholder("OTHER"), Hosts: []string{"other.test"}, Body: true}
 	p := e.startProxy(Options{
-		Secrets:  []Secret{sec},
+		Secrets:  []Secret{here, elsewhere},
 		Policy:   Policy{Allow: loopbackAllow},
-		Resolver: loopback("api.test", "other.test"),
+		Resolver: loopback("api.test", "other.test", "third.test"),
 	})
 	c := p.client(e, false)
-	resp, err := c.Post("https://other.test:"+up.port+"/x", "text/plain", strings.NewReader("x="+sec.Placeholder))
+	// api.test's bodies are scanned (GITHUB_TOKEN may go there): OTHER's placeholder stops it.
+	resp, err := c.Post("https://api.test:"+up.port+"/x", "text/plain", strings.NewReader("a="+here.Placeholder+"&b="+elsewhere.Placeholder))
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden {
-		t.Errorf("status %s, want 403 (%s)", resp.Status, body)
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "OTHER") {
+		t.Errorf("status %s %q, want 403 naming OTHER", resp.Status, body)
+	}
+	// third.test may receive no body secret: its body is not touched, placeholders stay.
+	resp, err = c.Post("https://third.test:"+up.port+"/y", "text/plain", strings.NewReader("a="+here.Placeholder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("third.test: %s", resp.Status)
 	}
 	for _, r := range up.requests() {
-		if strings.Contains(r.Body, tokenValue) {
-			t.Fatalf("upstream got the value")
+		// (/x may have got the start of the body, with GITHUB_TOKEN's value: api.test may have it.)
+		if strings.Contains(r.Body, "other-real-value") || r.Path == "/y" && strings.Contains(r.Body, tokenValue) {
+			t.Fatalf("upstream %s got a value it may not have: %q", r.Path, r.Body)
+		}
+		if r.Path == "/y" && (r.Body != "a="+here.Placeholder || r.Header.Get("Content-Length") == "") {
+			t.Errorf("untouched body changed: %q, Content-Length %q", r.Body, r.Header.Get("Content-Length"))
 		}
 	}
-	if !auditHas(p.srv.Audit(0), ActionBlocked, "GITHUB_TOKEN", "other.test") {
+	if !auditHas(p.srv.Audit(0), ActionBlocked, "OTHER", "api.test") {
 		t.Errorf("no blocked event: %+v", p.srv.Audit(0))
 	}
 }
@@ -755,5 +773,76 @@ func TestLargeDownloadConstantMemory(t *testing.T) {
 		base>>20, peak>>20, growth>>20)
 	if growth > 64<<20 {
 		t.Errorf("heap in use grew by %d MiB, want < 64 MiB", growth>>20)
+	}
+}
+
+func TestIPLiteralDestination(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	up := e.startUpstream(nil, true, false)
+	sec := githubSecret("127.0.0.1")
+	p := e.startProxy(Options{Secrets: []Secret{sec}, Policy: Policy{Allow: loopbackAllow}})
+	resp, _ := mustGet(t, p.client(e, false), "https://127.0.0.1:"+up.port+"/ip", http.Header{"X-Key": {sec.Placeholder}})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %s", resp.Status)
+	}
+	if got := up.requests()[0].Header.Get("X-Key"); got != tokenValue {
+		t.Errorf("X-Key = %q", got)
+	}
+}
+
+func TestHTTP2ClientAuthorityAndBody(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	up := e.startUpstream(nil, true, true)
+	sec := githubSecret("api.test")
+	sec.Body = true
+	p := e.startProxy(Options{Secrets: []Secret{sec}, Policy: Policy{Allow: loopbackAllow}, Resolver: loopback("api.test", "other.test")})
+
+	// Body substitution over an HTTP/2 client connection.
+	c := p.client(e, true)
+	resp, err := c.Post("https://api.test:"+up.port+"/h2body", "text/plain", strings.NewReader("k="+sec.Placeholder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s", resp.Proto, resp.Status)
+	}
+	if got := up.requests()[0].Body; got != "k="+tokenValue {
+		t.Errorf("upstream body %q", got)
+	}
+
+	// A stream whose :authority is not the CONNECT target gets 421 (what HTTP/2 clients expect
+	// for a misdirected, coalesced request).
+	tc, resp2 := p.connect(t, "api.test:"+up.port, testToken)
+	if tc == nil {
+		t.Fatalf("CONNECT: %s", resp2.Status)
+	}
+	tlsConn := tls.Client(tc, &tls.Config{ServerName: "api.test", RootCAs: e.ca.CertPool(), NextProtos: []string{"h2"}})
+	if err := tlsConn.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if tlsConn.ConnectionState().NegotiatedProtocol != "h2" {
+		t.Fatalf("ALPN %q, want h2", tlsConn.ConnectionState().NegotiatedProtocol)
+	}
+	cc, err := (&http2.Transport{}).NewClientConn(tlsConn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	req, _ := http.NewRequest(http.MethodGet, "https://api.test:"+up.port+"/coalesced", nil)
+	req.Host = "other.test:" + up.port
+	req.Header.Set("Authorization", "Bearer "+sec.Placeholder)
+	resp, err = cc.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf(":authority mismatch: %s, want 421", resp.Status)
+	}
+	if n := len(up.requests()); n != 1 {
+		t.Errorf("upstream saw %d requests, want 1", n)
 	}
 }
