@@ -17,11 +17,14 @@
 //	<run dir>/sessions/.activity  its mtime is when the last non-daemon session ended
 //	<run dir>/status.json         Init's Status, rewritten every tick
 //
-// Init creates the sessions directory with mode 1777 (like /tmp), so wrappers
+// Init makes the sessions directory mode 1777 (like /tmp), so wrappers
 // running as the unprivileged dev user can register while Init runs as root.
-// The run dir itself must exist or be creatable by Init; when Init cannot
-// create it, the idle watchdog is disabled (logged), because a watchdog that
-// cannot see sessions would stop a busy VM.
+// The run dir must exist or be creatable by Init; when it is not, the idle
+// watchdog is disabled (logged), because a watchdog that cannot see sessions
+// would stop a busy VM. The recommended setup is a tmpfs mounted at the run
+// dir with mode=1777: it works whatever user Init runs as, and a restarted VM
+// starts with no stale files. Files in the world-writable directory are read
+// without following symlinks and with a size cap.
 //
 // # Sessions and idleness
 //
@@ -45,6 +48,17 @@
 // session's leftovers are left running (they move to Init) unless the session
 // ended by a timeout, a context cancellation or a terminating signal
 // (SIGTERM, SIGINT, SIGHUP, SIGQUIT) delivered to the wrapper.
+//
+// # Terminals and signals
+//
+// The command runs in its own process group. When one of the wrapper's stdio
+// descriptors is its controlling terminal (docker exec -t), that group is made
+// the terminal's foreground group, so the command can read the terminal and
+// gets Ctrl-C and SIGWINCH from it directly. SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+// SIGUSR1, SIGUSR2 and SIGWINCH sent to the wrapper are forwarded to the
+// group. Kill signals the group (and, for SIGTERM and SIGKILL, the rest of the
+// wrapper's descendants) but not the wrapper, which then exits with the
+// command's status after its usual cleanup.
 //
 // # Exit codes of Exec
 //

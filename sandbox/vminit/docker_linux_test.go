@@ -34,29 +34,42 @@ func TestInDocker(t *testing.T) {
 	bin := buildStaticHelper(t)
 	runID := randomHex(t)
 
-	t.Run("idle timeout stops the container", func(t *testing.T) {
-		t.Parallel()
-		id := startContainer(t, image, bin, runID, "vm-init", "--idle-timeout", "3s", "--tick", "500ms")
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		out, stderr, code := docker(ctx, t, "wait", id)
-		if code != 0 || strings.TrimSpace(out) != "0" {
-			t.Fatalf("docker wait: exit %d, container exit %q, %s", code, out, stderr)
-		}
-		var state struct{ StartedAt, FinishedAt time.Time }
-		inspect(t, id, "{{json .State}}", &state)
-		if ran := state.FinishedAt.Sub(state.StartedAt); ran < 3*time.Second {
-			t.Errorf("the container ran %v, less than the 3s idle timeout", ran)
-		}
-		logs, logErr, _ := docker(ctx, t, "logs", id)
-		if !strings.Contains(logs+logErr, `"idle timeout"`) {
-			t.Errorf("container log lacks the idle timeout: %s%s", logs, logErr)
-		}
-	})
+	for _, tt := range []struct {
+		name  string
+		extra []string // docker create options
+	}{
+		{"idle timeout stops the container", nil},
+		// Init as an unprivileged user can only keep its run dir on a tmpfs
+		// the user can write (the recommended setup either way).
+		{"idle timeout as uid 1000 with a tmpfs run dir", []string{"--user", "1000:1000", "--tmpfs", vminit.DefaultRunDir + ":mode=1777"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			id := startContainer(t, image, bin, runID, tt.extra, "vm-init", "--idle-timeout", "3s", "--tick", "500ms")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if out, stderr, code := docker(ctx, t, "exec", id, vmBinary, "vm-exec", "--", "id", "-u"); code != 0 {
+				t.Errorf("exec: exit %d, %s%s", code, out, stderr)
+			}
+			out, stderr, code := docker(ctx, t, "wait", id)
+			if code != 0 || strings.TrimSpace(out) != "0" {
+				t.Fatalf("docker wait: exit %d, container exit %q, %s", code, out, stderr)
+			}
+			var state struct{ StartedAt, FinishedAt time.Time }
+			inspect(t, id, "{{json .State}}", &state)
+			if ran := state.FinishedAt.Sub(state.StartedAt); ran < 3*time.Second {
+				t.Errorf("the container ran %v, less than the 3s idle timeout", ran)
+			}
+			logs, logErr, _ := docker(ctx, t, "logs", id)
+			if !strings.Contains(logs+logErr, `"idle timeout"`) || !strings.Contains(logs+logErr, `"watchdog":true`) {
+				t.Errorf("container log lacks the watchdog or the idle timeout: %s%s", logs, logErr)
+			}
+		})
+	}
 
 	t.Run("exec, orphans, timeout and stop", func(t *testing.T) {
 		t.Parallel()
-		id := startContainer(t, image, bin, runID, "vm-init", "--idle-timeout", "0", "--grace", "3s")
+		id := startContainer(t, image, bin, runID, nil, "vm-init", "--idle-timeout", "0", "--grace", "3s")
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		vmExec := func(args ...string) (string, string, int) {
@@ -74,6 +87,10 @@ func TestInDocker(t *testing.T) {
 
 		if _, stderr, code := vmExec("sh", "-c", "echo out; echo err >&2; exit 7"); code != 7 || stderr != "err\n" {
 			t.Errorf("exit 7: got exit %d, stderr %q", code, stderr)
+		}
+		// Init runs as root, commands as the unprivileged user.
+		if _, stderr, code := docker(ctx, t, "exec", "--user", "1000:1000", id, vmBinary, "vm-exec", "--", "sh", "-c", "exit 5"); code != 5 {
+			t.Errorf("exit 5 as uid 1000: got exit %d, stderr %q", code, stderr)
 		}
 		if _, stderr, code := vmExec("no-such-command-x9"); code != vminit.ExitNotFound ||
 			!strings.Contains(stderr, "agents-sandbox: no-such-command-x9: command not found") {
@@ -168,15 +185,16 @@ func buildStaticHelper(t *testing.T) string {
 
 // startContainer creates a labelled container running the helper as its
 // entrypoint with args, copies the helper in (as the host's CopyTo does) and
-// starts it. It is removed at cleanup.
-func startContainer(t *testing.T, image, bin, runID string, args ...string) string {
+// starts it. extra are more docker create options. It is removed at cleanup.
+func startContainer(t *testing.T, image, bin, runID string, extra []string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	create := append([]string{"create",
 		"--label", "org.agents-sandbox.test=vminit",
 		"--label", "org.agents-sandbox.test-run=" + runID,
-		"--network", "none", "--entrypoint", vmBinary, image}, args...)
+		"--network", "none", "--entrypoint", vmBinary}, extra...)
+	create = append(append(create, image), args...)
 	out, stderr, code := docker(ctx, t, create...)
 	if code != 0 {
 		t.Fatalf("docker create: %s", stderr)

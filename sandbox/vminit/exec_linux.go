@@ -139,11 +139,14 @@ func (w *wrapper) run(ctx context.Context) int {
 		Stdin: w.stdin, Stdout: w.stdout, Stderr: w.stderr,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
-	if fd := int(w.stdin.Fd()); isForeground(fd) {
-		// The command reads the terminal: its group must be the terminal's
-		// foreground group, or it stops with SIGTTIN, and Ctrl-C and window
-		// resizes reach it straight from the terminal.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Foreground: true, Ctty: fd}
+	for _, f := range []*os.File{w.stdin, w.stdout, w.stderr} {
+		if fd := int(f.Fd()); isForeground(fd) {
+			// On our controlling terminal the command's group must be the
+			// foreground group, or it stops with SIGTTIN when it reads;
+			// Ctrl-C and window resizes then reach it from the terminal.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Foreground: true, Ctty: fd}
+			break
+		}
 	}
 	if err := cmd.Start(); err != nil {
 		code, msg := startFailure(err)
