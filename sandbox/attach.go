@@ -28,8 +28,13 @@ func (m *Manager) ensureDaemon(ctx context.Context, p *Project, vm, user string,
 	// idling) with its output appended to a log file in the home volume.
 	script := `mkdir -p "$(dirname "$0")" && exec "$@" >>"$0" 2>&1`
 	cmd := append([]string{InitPath, "vm-exec", "--daemon", "--id", daemonSession(p), "--", "sh", "-c", script, daemonLog}, a.Serve...)
-	if _, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: cmd, User: user, WorkDir: Workspace, Detach: true}); err != nil {
+	var stderr bytes.Buffer
+	r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: cmd, User: user, WorkDir: Workspace, Detach: true, Stderr: &stderr})
+	if err != nil {
 		return fmt.Errorf("start %s daemon: %w", a.Name, err)
+	}
+	if r.ExitCode > 0 {
+		return fmt.Errorf("start %s daemon: exit %d: %s", a.Name, r.ExitCode, strings.TrimSpace(stderr.String()))
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -153,8 +153,18 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 			name = img.Tags[0]
 		}
 		if !o.DryRun {
-			if err := m.RT.RemoveImage(ctx, img.ID); err != nil && !isNotFound(err) {
-				m.Log.Warn().Err(err).Str("image", name).Msg("prune: image still in use, kept")
+			// Untag each name first: removing by ID fails for an image
+			// with several tags.
+			refs := append(append([]string{}, img.Tags...), img.ID)
+			kept := false
+			for _, ref := range refs {
+				if err := m.RT.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
+					m.Log.Warn().Err(err).Str("image", name).Msg("prune: image still in use, kept")
+					kept = true
+					break
+				}
+			}
+			if kept {
 				continue
 			}
 		}
