@@ -846,3 +846,35 @@ func TestHTTP2ClientAuthorityAndBody(t *testing.T) {
 		t.Errorf("upstream saw %d requests, want 1", n)
 	}
 }
+
+func TestCloseEndsTunnelsAndHealthz(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	up := e.startUpstream(nil, true, false)
+	p := e.startProxy(Options{Policy: Policy{Allow: loopbackAllow}, Resolver: loopback("api.test")})
+
+	direct := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	resp, err := direct.Get("http://" + p.addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz: %s", resp.Status)
+	}
+
+	tc, err := p.tlsTunnel(t, e, "api.test:"+up.port, "api.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := rawRequest(t, tc, "GET / HTTP/1.1\r\nHost: api.test:"+up.port+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("tunnel request: %s", resp.Status)
+	}
+	if err := p.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The intercepted tunnel, hijacked from net/http, is closed too: the read ends.
+	if _, err := tc.Read(make([]byte, 1)); err == nil {
+		t.Errorf("tunnel still open after Close")
+	}
+}
