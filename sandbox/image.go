@@ -41,6 +41,11 @@ const (
 	BuildArgGID = "AGENTS_SANDBOX_GID"
 )
 
+// LabelHashNoBase is the label holding a default-Dockerfile image's content
+// hash without the base image's ID: EnsureImage keeps such an image when the
+// base image is no longer on the engine.
+const LabelHashNoBase = "org.agents-sandbox.hash-no-base"
+
 // defaultDevID is the dev user's uid and gid when the host user is root.
 const defaultDevID = 1000
 
@@ -201,6 +206,9 @@ func PlanImage(id Identity, cfg Config, agent Agent, hostUID, hostGID int) (Imag
 	dfPath := filepath.Join(id.ProjectDir, filepath.FromSlash(ProjectDockerfile))
 	fi, err := os.Stat(dfPath)
 	switch {
+	case id.ProjectDir == "":
+		// No project directory: nothing to look for (and nothing relative
+		// to the working directory is picked up by accident).
 	case err == nil && fi.Mode().IsRegular():
 		return planCustom(plan, id, dfPath)
 	case err == nil:
@@ -631,8 +639,11 @@ type ImageResult struct {
 // labels of kind runner, the hash label, the project directory label and
 // plan.Labels, and tagged names.RunnerImage. For the default Dockerfile the
 // base image's ID, when the engine has the base, is folded into the hash
-// first (WithBaseImageID). For a project Dockerfile the image is probed with
-// ImageUser for the user the VM runs as.
+// first (WithBaseImageID); when the engine does not have the base (its tag was
+// removed), an image whose org.agents-sandbox.hash-no-base label matches is
+// kept rather than rebuilt from a base that may not be pullable. For a
+// project Dockerfile the image is probed with ImageUser for the user the VM
+// runs as.
 //
 // Build output goes to progress (may be nil) line by line. The caller holds
 // the checkout lock: two concurrent calls for one checkout both build.
@@ -645,6 +656,12 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 			progress(fmt.Sprintf(format, args...))
 		}
 	}
+	// withoutBase is the hash as if the base image's ID were unknown; it is
+	// stored too, so that an image stays usable when the base image's tag
+	// is gone from the engine (a rebuild could not pull it back without a
+	// registry).
+	withoutBase := plan.WithBaseImageID("").Hash
+	baseMissing := false
 	if !plan.Custom && plan.BaseImageID == "" {
 		base, err := rt.InspectImage(ctx, plan.Base)
 		switch {
@@ -652,6 +669,7 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 			plan = plan.WithBaseImageID(base.ID)
 		case errors.Is(err, ErrNotFound):
 			// The build pulls it, or fails saying it is missing.
+			baseMissing = true
 		default:
 			return ImageResult{}, fmt.Errorf("inspect base image %q: %w", plan.Base, err)
 		}
@@ -683,8 +701,14 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 			if err != nil {
 				return ImageResult{}, fmt.Errorf("inspect image %q: %w", ref, err)
 			}
-			if img.Labels[LabelHash] == plan.Hash {
-				say("image %s is up to date (%s)", ref, shortHash(plan.Hash))
+			current := img.Labels[LabelHash] == plan.Hash
+			if !current && baseMissing && img.Labels[LabelHashNoBase] == withoutBase {
+				say("base image %s is not on the engine; keeping image %s built from it", plan.Base, ref)
+				current = true
+			}
+			if current {
+				say("image %s is up to date (%s)", ref, shortHash(img.Labels[LabelHash]))
+				res.Hash = img.Labels[LabelHash]
 				res.Reused, res.Legacy = true, ref == names.LegacyRunnerImage
 				return finish(img, ref)
 			}
@@ -694,6 +718,9 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 	labels := id.Labels(plan.Agent, KindRunner)
 	maps.Copy(labels, plan.Labels)
 	labels[LabelHash] = plan.Hash
+	if !plan.Custom {
+		labels[LabelHashNoBase] = withoutBase
+	}
 	if id.ProjectDir != "" {
 		labels[LabelDir] = id.ProjectDir
 	}
@@ -726,11 +753,11 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 	}
 	switch {
 	case tarErr != nil && err != nil:
-		return ImageResult{}, fmt.Errorf("build image %s: write build context: %w (build: %w)", names.RunnerImage, tarErr, err)
+		return ImageResult{}, fmt.Errorf("ensure runner image %s: write build context: %w (build: %w)", names.RunnerImage, tarErr, err)
 	case tarErr != nil:
-		return ImageResult{}, fmt.Errorf("build image %s: write build context: %w", names.RunnerImage, tarErr)
+		return ImageResult{}, fmt.Errorf("ensure runner image %s: write build context: %w", names.RunnerImage, tarErr)
 	case err != nil:
-		return ImageResult{}, fmt.Errorf("build image %s: %w", names.RunnerImage, err)
+		return ImageResult{}, fmt.Errorf("ensure runner image: %w", err)
 	}
 	if img.Labels[LabelHash] != plan.Hash {
 		// Some runtimes report the image before labels; ask again by tag.

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"os"
@@ -19,7 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agents-sandbox/agents-sandbox/internal/testenv"
 	"github.com/agents-sandbox/agents-sandbox/sandbox"
+	"github.com/agents-sandbox/agents-sandbox/sandbox/docker"
 )
 
 // imageTestCert returns a fresh self-signed CA certificate as DER.
@@ -460,7 +464,9 @@ func TestCustomHash(t *testing.T) {
 			}
 		}, false},
 		{"ignored file", func(t *testing.T, dir string) { imageWriteFile(t, filepath.Join(dir, "app.log"), "more log\n", 0o644) }, false},
-		{"ignored new dir", func(t *testing.T, dir string) { imageWriteFile(t, filepath.Join(dir, "node_modules/x/i.js"), "x", 0o644) }, false},
+		{"ignored new dir", func(t *testing.T, dir string) {
+			imageWriteFile(t, filepath.Join(dir, "node_modules/x/i.js"), "x", 0o644)
+		}, false},
 		{"git metadata", func(t *testing.T, dir string) {
 			imageWriteFile(t, filepath.Join(dir, ".git/HEAD"), "ref: refs/heads/other\n", 0o644)
 		}, false},
@@ -554,4 +560,494 @@ func TestCustomHash(t *testing.T) {
 			t.Error("two copies of one project hash differently")
 		}
 	})
+}
+
+// ---- Real engine -------------------------------------------------------
+
+// imageTestLabel marks every Docker object these tests create, with a value
+// unique to the test, so that cleanup removes exactly those.
+const imageTestLabel = "org.agents-sandbox.test"
+
+// imageEngine is the real Docker driver plus what one test created.
+type imageEngine struct {
+	rt    *docker.Driver
+	label string
+}
+
+// newImageEngine connects to the engine (skipping without one) and removes
+// every VM and image carrying the test's label when the test ends.
+func newImageEngine(t *testing.T) *imageEngine {
+	t.Helper()
+	testenv.RequireDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := docker.New(ctx, docker.Options{})
+	if err != nil {
+		t.Fatalf("docker.New: %v", err)
+	}
+	e := &imageEngine{rt: d, label: fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())}
+	t.Cleanup(func() {
+		defer d.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		sel := map[string]string{imageTestLabel: e.label}
+		vms, err := d.ListVMs(ctx, sel)
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		for _, vm := range vms {
+			if err := d.RemoveVM(ctx, vm.Name, true); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+		// Images built on images of this test go first: retry until none is left.
+		var left []sandbox.Image
+		for round := 0; round < 5; round++ {
+			left, err = d.ListImages(ctx, sel)
+			if err != nil || len(left) == 0 {
+				break
+			}
+			for _, img := range left {
+				for _, tag := range img.Tags {
+					_ = d.RemoveImage(ctx, tag)
+				}
+				_ = d.RemoveImage(ctx, img.ID)
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("cleanup: %d images labelled %s=%s are left", len(left), imageTestLabel, e.label)
+		}
+	})
+	return e
+}
+
+// project returns the identity and names of a fresh project directory (not
+// a git checkout) holding files.
+func (e *imageEngine) project(t *testing.T, agent string, files map[string]string) (sandbox.Identity, sandbox.Names) {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range files {
+		imageWriteFile(t, filepath.Join(dir, filepath.FromSlash(name)), data, 0o644)
+	}
+	id, err := sandbox.Resolve(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, id.Names(agent, sandbox.Dirs{Config: t.TempDir(), State: t.TempDir(), Cache: t.TempDir()})
+}
+
+// plan plans the image of id with the test's label added.
+func (e *imageEngine) plan(t *testing.T, id sandbox.Identity, cfg sandbox.Config, agent string, uid, gid int) sandbox.ImagePlan {
+	t.Helper()
+	p, err := sandbox.PlanImage(id, cfg, imageAgent(t, agent, cfg), uid, gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.WithLabels(map[string]string{imageTestLabel: e.label})
+}
+
+// ensure runs EnsureImage and fails the test on an error.
+func (e *imageEngine) ensure(t *testing.T, id sandbox.Identity, names sandbox.Names, plan sandbox.ImagePlan, rebuild bool) sandbox.ImageResult {
+	t.Helper()
+	res, lines, err := e.tryEnsure(id, names, plan, rebuild)
+	if err != nil {
+		t.Fatalf("EnsureImage: %v\nbuild output ends:\n%s", err, tail(lines, 30))
+	}
+	return res
+}
+
+func (e *imageEngine) tryEnsure(id sandbox.Identity, names sandbox.Names, plan sandbox.ImagePlan, rebuild bool) (sandbox.ImageResult, []string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var lines []string
+	res, err := sandbox.EnsureImage(ctx, e.rt, id, names, plan, rebuild, func(l string) { lines = append(lines, l) })
+	return res, lines, err
+}
+
+func tail(lines []string, n int) string {
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// run starts a VM from image and runs script in it with bash -lc (sh -c
+// when there is no bash) as user, returning its output.
+func (e *imageEngine) run(t *testing.T, image, user, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("image-test-%d", time.Now().UnixNano())
+	_, err := e.rt.CreateVM(ctx, sandbox.VMSpec{
+		Name:       name,
+		Image:      image,
+		Labels:     map[string]string{sandbox.LabelKind: string(sandbox.KindVM), imageTestLabel: e.label},
+		Entrypoint: []string{"sleep", "infinity"},
+		Network:    "none",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.rt.RemoveVM(context.WithoutCancel(ctx), name, true) }()
+	if err := e.rt.StartVM(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	r, err := e.rt.Exec(ctx, name, sandbox.ExecRequest{Cmd: []string{"bash", "-lc", script}, User: user, Stdout: &out, Stderr: &errOut})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode != 0 {
+		t.Fatalf("script exited %d:\n%s\n%s", r.ExitCode, out.String(), errOut.String())
+	}
+	return out.String()
+}
+
+// readFile reads one file out of image through a created, never started VM.
+func (e *imageEngine) readFile(t *testing.T, image, file string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("image-test-%d", time.Now().UnixNano())
+	_, err := e.rt.CreateVM(ctx, sandbox.VMSpec{
+		Name: name, Image: image, Entrypoint: []string{"/x"}, Network: "none",
+		Labels: map[string]string{sandbox.LabelKind: string(sandbox.KindVM), imageTestLabel: e.label},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.rt.RemoveVM(context.WithoutCancel(ctx), name, true) }()
+	rc, err := e.rt.CopyFrom(ctx, name, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	if _, err := tr.Next(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// leftoverProbes fails the test when ImageUser left a probe VM behind.
+func (e *imageEngine) leftoverProbes(t *testing.T) {
+	t.Helper()
+	vms, err := e.rt.ListVMs(context.Background(), map[string]string{imageTestLabel: e.label, sandbox.LabelKind: string(sandbox.KindTask)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vms) > 0 {
+		t.Errorf("probe VMs left behind: %v", vms)
+	}
+}
+
+// TestEnsureImageDefault builds the default image for the shell agent on
+// the Debian base (apt-get runs in the build: about a minute without layer
+// cache), checks the tools and the dev user inside, then reuses it, and
+// builds on a base that already has a user and a group at the wanted ids.
+func TestEnsureImageDefault(t *testing.T) {
+	e := newImageEngine(t)
+	base := testenv.BaseImage(t)
+	caDir := t.TempDir()
+	der := imageTestCert(t, "agents-sandbox test CA")
+	imageWriteFile(t, filepath.Join(caDir, "corp.pem"), string(imagePEM(der)), 0o644)
+
+	cfg := sandbox.DefaultConfig()
+	cfg.Image.Base = base
+	cfg.Image.CACertificates = []string{filepath.Join(caDir, "corp.pem")}
+	id, names := e.project(t, "shell", nil)
+	plan := e.plan(t, id, cfg, "shell", 1234, 2345)
+
+	start := time.Now()
+	res := e.ensure(t, id, names, plan, false)
+	t.Logf("first build: %s", time.Since(start).Round(time.Second))
+	if !res.Built || res.Reused || res.Ref != names.RunnerImage || res.User != "dev" || res.Legacy {
+		t.Errorf("first EnsureImage = %+v", res)
+	}
+	if res.Hash == plan.Hash {
+		t.Errorf("the base image's ID is not in the hash (%s)", res.Hash)
+	}
+	wantLabels := map[string]string{
+		sandbox.LabelHash: res.Hash, sandbox.LabelKind: "runner", sandbox.LabelAgent: "shell",
+		sandbox.LabelCheckout: id.CheckoutSlug, sandbox.LabelProject: id.RepoSlug, sandbox.LabelDir: id.ProjectDir,
+		imageTestLabel: e.label,
+	}
+	for k, v := range wantLabels {
+		if res.Image.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, res.Image.Labels[k], v)
+		}
+	}
+	if res.Image.User != "" && res.Image.User != "root" && res.Image.User != "0" {
+		t.Errorf("the image's USER is %q, want root (the VM spec picks dev)", res.Image.User)
+	}
+
+	out := e.run(t, res.Image.ID, "dev", `set -e
+git --version; curl --version | head -n1; rg --version | head -n1; jq --version; bash --version | head -n1
+echo "ids $(id -u):$(id -g) $(id -un):$(id -gn)"
+echo "home $HOME $(stat -c %u:%g /home/dev) workspace $(pwd) $(stat -c %u:%g /workspace)"
+echo "shell $(getent passwd dev | cut -d: -f7)"
+echo "env $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS $REQUESTS_CA_BUNDLE $GIT_SSL_CAINFO"
+command -v node || echo "no node"`)
+	for _, want := range []string{
+		"git version", "curl ", "ripgrep ", "jq-", "GNU bash",
+		"ids 1234:2345 dev:dev", "home /home/dev 1234:2345 workspace /workspace 1234:2345", "shell /bin/bash",
+		"env " + strings.Repeat("/etc/ssl/certs/ca-certificates.crt ", 3) + "/etc/ssl/certs/ca-certificates.crt", "no node",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inside the image: %q missing from:\n%s", want, out)
+		}
+	}
+	bundle := e.readFile(t, res.Image.ID, "/etc/ssl/certs/ca-certificates.crt")
+	if !strings.Contains(bundle, strings.TrimSpace(string(imagePEM(der)))) {
+		t.Error("the extra CA certificate is not in the system bundle")
+	}
+
+	start = time.Now()
+	again := e.ensure(t, id, names, plan, false)
+	if again.Built || !again.Reused || again.Image.ID != res.Image.ID || again.User != "dev" {
+		t.Errorf("second EnsureImage = %+v, want the first image reused", again)
+	}
+	t.Logf("second EnsureImage: %s", time.Since(start).Round(time.Millisecond))
+
+	// A base that already has the ids: "ubuntu" at 1000:1000, as Ubuntu
+	// images do. It is made from the image above, so apt-get has little to do.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	takenRef := fmt.Sprintf("agents-sandbox-test/image-ids-taken:%d", time.Now().UnixNano())
+	var ctxTar bytes.Buffer
+	tw := tar.NewWriter(&ctxTar)
+	df := "FROM " + res.Image.ID + "\nRUN userdel -r dev && groupadd -g 1000 ubuntu && useradd -l -u 1000 -g 1000 -m -s /bin/sh ubuntu && touch /home/ubuntu/marker\n"
+	if err := tw.WriteHeader(&tar.Header{Name: "Dockerfile", Mode: 0o644, Size: int64(len(df))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write([]byte(df)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.BuildImage(ctx, sandbox.BuildRequest{
+		Context: &ctxTar, DockerfilePath: "Dockerfile", Tags: []string{takenRef},
+		Labels: map[string]string{sandbox.LabelKind: "test", imageTestLabel: e.label},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		uid, gid   int
+		passwd     string
+		group      string
+		marker     bool
+		otherUsers string
+	}{
+		{"user and group renamed", 1000, 1000, "dev:x:1000:1000::/home/dev:/bin/bash", "dev:x:1000:", true, ""},
+		{"group reused, new user", 1500, 1000, "dev:x:1500:1000::/home/dev:/bin/bash", "dev:x:1000:", false, "ubuntu:x:1000:1000::/home/ubuntu:/bin/sh"},
+	}
+	type built struct {
+		id    sandbox.Identity
+		names sandbox.Names
+		res   sandbox.ImageResult
+	}
+	var first built
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := sandbox.DefaultConfig()
+			cfg.Image.Base = takenRef
+			id, names := e.project(t, "shell", nil)
+			plan := e.plan(t, id, cfg, "shell", tt.uid, tt.gid)
+			res := e.ensure(t, id, names, plan, false)
+			if i == 0 {
+				first = built{id, names, res}
+			}
+			passwd := e.readFile(t, res.Image.ID, "/etc/passwd")
+			group := e.readFile(t, res.Image.ID, "/etc/group")
+			if !strings.Contains(passwd, "\n"+tt.passwd+"\n") {
+				t.Errorf("/etc/passwd lacks %q:\n%s", tt.passwd, passwd)
+			}
+			if !strings.Contains(group, "\n"+tt.group+"\n") {
+				t.Errorf("/etc/group lacks %q:\n%s", tt.group, group)
+			}
+			if tt.otherUsers == "" && strings.Contains(passwd, "ubuntu:") {
+				t.Errorf("/etc/passwd still has ubuntu:\n%s", passwd)
+			}
+			if tt.otherUsers != "" && !strings.Contains(passwd, tt.otherUsers) {
+				t.Errorf("/etc/passwd lacks %q:\n%s", tt.otherUsers, passwd)
+			}
+			out := e.run(t, res.Image.ID, "dev", `echo "$(id -u):$(id -g) $(stat -c %u:%g /home/dev)"; ls -A /home/dev`)
+			if want := fmt.Sprintf("%d:%d %d:%d", tt.uid, tt.gid, tt.uid, tt.gid); !strings.HasPrefix(out, want) {
+				t.Errorf("as dev: %q, want %q first", out, want)
+			}
+			if strings.Contains(out, "marker") != tt.marker {
+				t.Errorf("ubuntu's home moved to /home/dev: %v, want %v:\n%s", !tt.marker, tt.marker, out)
+			}
+		})
+	}
+
+	// Without the base image's tag the image built from it is kept: a
+	// rebuild could not get the base back.
+	t.Run("base image gone", func(t *testing.T) {
+		if first.res.Image.ID == "" {
+			t.Skip("the first build failed")
+		}
+		if err := e.rt.RemoveImage(ctx, takenRef); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.rt.InspectImage(ctx, takenRef); !errors.Is(err, sandbox.ErrNotFound) {
+			t.Fatalf("%s is still there: %v", takenRef, err)
+		}
+		cfg := sandbox.DefaultConfig()
+		cfg.Image.Base = takenRef
+		plan := e.plan(t, first.id, cfg, "shell", 1000, 1000)
+		res, lines, err := e.tryEnsure(first.id, first.names, plan, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Built || !res.Reused || res.Image.ID != first.res.Image.ID || res.Hash != first.res.Hash {
+			t.Errorf("EnsureImage = %+v, want %s reused", res, first.res.Image.ID)
+		}
+		if !strings.Contains(strings.Join(lines, "\n"), "is not on the engine") {
+			t.Errorf("progress does not say why: %q", lines)
+		}
+	})
+}
+
+// TestEnsureImageProject builds a project's own Dockerfile (on busybox, no
+// network needed): reuse when nothing in the context changed, a build when
+// a file or the Dockerfile did, --rebuild, the user probe, and a failing step.
+func TestEnsureImageProject(t *testing.T) {
+	e := newImageEngine(t)
+	busybox := testenv.BusyboxImage(t)
+	dockerfile := "FROM " + busybox + "\nARG AGENTS_SANDBOX_UID\nCOPY hello.txt /hello.txt\nRUN echo \"uid=$AGENTS_SANDBOX_UID\" > /uid.txt\n"
+	id, names := e.project(t, "shell", map[string]string{
+		".agents-sandbox/Dockerfile": dockerfile,
+		".dockerignore":              "*.log\n",
+		"hello.txt":                  "hello v1\n",
+		"build.log":                  "noise\n",
+	})
+	cfg := sandbox.DefaultConfig()
+	plan := func() sandbox.ImagePlan { return e.plan(t, id, cfg, "shell", 1234, 5678) }
+
+	first := e.ensure(t, id, names, plan(), false)
+	if !first.Built || first.Reused || first.User != "" {
+		t.Errorf("first EnsureImage = %+v, want built, user \"\" (busybox has no dev and no USER)", first)
+	}
+	if got := e.readFile(t, first.Image.ID, "/hello.txt"); got != "hello v1\n" {
+		t.Errorf("/hello.txt = %q", got)
+	}
+	if got := e.readFile(t, first.Image.ID, "/uid.txt"); got != "uid=1234\n" {
+		t.Errorf("/uid.txt = %q, want the AGENTS_SANDBOX_UID build argument", got)
+	}
+	e.leftoverProbes(t)
+
+	steps := []struct {
+		name    string
+		change  func()
+		rebuild bool
+		built   bool
+		user    string
+	}{
+		{"unchanged", func() {}, false, false, ""},
+		{"ignored file changed", func() { imageWriteFile(t, filepath.Join(id.ProjectDir, "build.log"), "more\n", 0o644) }, false, false, ""},
+		{"rebuild forced", func() {}, true, true, ""},
+		{"context file changed", func() { imageWriteFile(t, filepath.Join(id.ProjectDir, "hello.txt"), "hello v2\n", 0o644) }, false, true, ""},
+		{"Dockerfile adds dev", func() {
+			imageWriteFile(t, filepath.Join(id.ProjectDir, ".agents-sandbox", "Dockerfile"),
+				dockerfile+"RUN echo 'dev:x:1234:5678::/home/dev:/bin/sh' >> /etc/passwd\n", 0o644)
+		}, false, true, "dev"},
+		{"Dockerfile sets USER", func() {
+			imageWriteFile(t, filepath.Join(id.ProjectDir, ".agents-sandbox", "Dockerfile"), dockerfile+"USER 4321\n", 0o644)
+		}, false, true, "4321"},
+		{"unchanged again", func() {}, false, false, "4321"},
+	}
+	prev := first
+	for _, s := range steps {
+		s.change()
+		res := e.ensure(t, id, names, plan(), s.rebuild)
+		if res.Built != s.built || res.Reused == s.built || res.User != s.user {
+			t.Errorf("%s: Built %v Reused %v User %q; want built %v, user %q", s.name, res.Built, res.Reused, res.User, s.built, s.user)
+		}
+		if sameImage := res.Image.ID == prev.Image.ID; sameImage == s.built {
+			t.Errorf("%s: image %s after %s", s.name, res.Image.ID, prev.Image.ID)
+		}
+		if (res.Hash != prev.Hash) != (s.built && !s.rebuild) {
+			t.Errorf("%s: hash %s after %s", s.name, res.Hash, prev.Hash)
+		}
+		prev = res
+	}
+	if got := e.readFile(t, prev.Image.ID, "/hello.txt"); got != "hello v2\n" {
+		t.Errorf("/hello.txt = %q after the change", got)
+	}
+	e.leftoverProbes(t)
+
+	t.Run("failing step", func(t *testing.T) {
+		imageWriteFile(t, filepath.Join(id.ProjectDir, ".agents-sandbox", "Dockerfile"),
+			dockerfile+"RUN echo agents-sandbox-fail-marker && exit 3\n", 0o644)
+		_, lines, err := e.tryEnsure(id, names, plan(), false)
+		if !errors.Is(err, sandbox.ErrBuildFailed) {
+			t.Fatalf("err = %v, want ErrBuildFailed", err)
+		}
+		t.Logf("the error reads: %v", err)
+		for _, want := range []string{"RUN echo agents-sandbox-fail-marker && exit 3", "3"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error lacks %q: %v", want, err)
+			}
+		}
+		if !strings.Contains(strings.Join(lines, "\n"), "agents-sandbox-fail-marker") {
+			t.Errorf("the step's output did not reach progress:\n%s", tail(lines, 20))
+		}
+		// The last good image keeps its tag.
+		img, err := e.rt.InspectImage(context.Background(), names.RunnerImage)
+		if err != nil || img.ID != prev.Image.ID {
+			t.Errorf("after a failed build %s is %v (%v), want %s", names.RunnerImage, img.ID, err, prev.Image.ID)
+		}
+	})
+}
+
+// TestEnsureImageLegacy: an image under the legacy name with the current hash
+// is reused under that name; a changed project builds under the new name and
+// leaves the legacy image alone.
+func TestEnsureImageLegacy(t *testing.T) {
+	e := newImageEngine(t)
+	busybox := testenv.BusyboxImage(t)
+	id, names := e.project(t, "shell", map[string]string{
+		".agents-sandbox/Dockerfile": "FROM " + busybox + "\nCOPY a.txt /a.txt\n",
+		"a.txt":                      "a\n",
+	})
+	cfg := sandbox.DefaultConfig()
+	plan := e.plan(t, id, cfg, "shell", 1000, 1000)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var buf bytes.Buffer
+	if err := plan.Tar(&buf); err != nil {
+		t.Fatal(err)
+	}
+	labels := id.Labels("shell", sandbox.KindRunner)
+	labels[sandbox.LabelHash] = plan.Hash
+	labels[imageTestLabel] = e.label
+	legacy, err := e.rt.BuildImage(ctx, sandbox.BuildRequest{Context: &buf, DockerfilePath: plan.DockerfilePath, Tags: []string{names.LegacyRunnerImage}, Labels: labels}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res := e.ensure(t, id, names, plan, false)
+	if res.Built || !res.Reused || !res.Legacy || res.Ref != names.LegacyRunnerImage || res.Image.ID != legacy.ID {
+		t.Errorf("EnsureImage = %+v, want the legacy image reused", res)
+	}
+	if _, err := e.rt.InspectImage(ctx, names.RunnerImage); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("%s exists after reusing the legacy image (err %v)", names.RunnerImage, err)
+	}
+
+	imageWriteFile(t, filepath.Join(id.ProjectDir, "a.txt"), "b\n", 0o644)
+	res = e.ensure(t, id, names, e.plan(t, id, cfg, "shell", 1000, 1000), false)
+	if !res.Built || res.Legacy || res.Ref != names.RunnerImage {
+		t.Errorf("EnsureImage after a change = %+v, want a build under %s", res, names.RunnerImage)
+	}
+	if img, err := e.rt.InspectImage(ctx, names.LegacyRunnerImage); err != nil || img.ID != legacy.ID {
+		t.Errorf("the legacy image changed: %v %v", img.ID, err)
+	}
 }
