@@ -47,7 +47,7 @@ type wireSecret struct {
 	Placeholder  string   `json:"placeholder"`
 	Hosts        []string `json:"hosts,omitempty"`
 	Body         bool     `json:"body,omitempty"`
-	AllowAnyHost bool     `json:"allow_any_host,omitempty"`
+	AllowAnyHost bool     `json:"allow_any_host_dangerous,omitempty"`
 }
 
 type plainConfig Config

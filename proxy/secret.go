@@ -63,7 +63,7 @@ type Secret struct {
 	Body bool `json:"body,omitempty"`
 	// AllowAnyHost (allow_any_host_dangerous in the config file) sends the value to any host the
 	// egress policy allows. The proxy logs a warning for it at start.
-	AllowAnyHost bool `json:"allow_any_host,omitempty"`
+	AllowAnyHost bool `json:"allow_any_host_dangerous,omitempty"`
 }
 
 // PlaceholderPrefix starts every placeholder made by NewPlaceholder.
