@@ -68,10 +68,14 @@ type wrapper struct {
 	stdin, stdout, stderr *os.File
 	log                   zerolog.Logger
 
-	self    procStat
-	session Session
-	pgid    int // the command's process group; 0 before it starts
+	self       procStat
+	session    Session
+	registered bool
+	pgid       int // the command's process group; 0 before it starts
 }
+
+// errSessionInUse: a live session already has the id.
+var errSessionInUse = errors.New("session id in use")
 
 // note writes one line for the user to the command's stderr.
 func (w *wrapper) note(format string, args ...any) {
@@ -128,11 +132,18 @@ func (w *wrapper) run(ctx context.Context) int {
 		ID: id, PID: w.self.PID, StartTicks: w.self.StartTicks, Daemon: o.Daemon,
 		Cmd: summarizeCmd(o.Args), StartedAt: wallNow(),
 	}
-	if err := w.register(); err != nil {
+	switch err := w.register(); {
+	case errors.Is(err, errSessionInUse):
 		w.note("vm-exec: %v", err)
 		return ExitWrapperError
+	case err != nil:
+		// The run dir is unusable, so Init's watchdog is off too (it cannot
+		// see any session): run the command anyway, unregistered.
+		w.log.Warn().Err(err).Str("session", id).Msg("session not registered; vm-kill cannot find it")
+	default:
+		w.registered = true
+		defer w.unregister()
 	}
-	defer w.unregister()
 
 	cmd := &exec.Cmd{
 		Path: path, Args: o.Args, Env: env, Dir: o.WorkDir,
@@ -160,8 +171,10 @@ func (w *wrapper) run(ctx context.Context) int {
 	if st, err := readProcStat(child); err == nil {
 		w.session.ChildStartTicks = st.StartTicks
 	}
-	if err := w.update(); err != nil {
-		w.log.Warn().Err(err).Str("session", id).Msg("record the command's process group")
+	if w.registered {
+		if err := w.update(); err != nil {
+			w.log.Warn().Err(err).Str("session", id).Msg("record the command's process group")
+		}
 	}
 	w.log.Debug().Str("session", id).Int("pid", child).Strs("cmd", o.Args).Msg("started")
 
@@ -223,8 +236,9 @@ func (w *wrapper) run(ctx context.Context) int {
 	return status.Code
 }
 
-// register claims the session id with a session file. Errors: the id is in
-// use by a live session; the sessions directory cannot be created or written.
+// register claims the session id with a session file. Errors:
+// errSessionInUse when a live session has the id; the sessions directory
+// cannot be created or written.
 func (w *wrapper) register() error {
 	dir := SessionsDir(w.opts.RunDir)
 	if err := ensureSessionsDir(w.opts.RunDir); err != nil {
@@ -241,7 +255,7 @@ func (w *wrapper) register() error {
 		}
 		old, rerr := ReadSession(w.opts.RunDir, w.session.ID)
 		if rerr == nil && old.alive() {
-			return fmt.Errorf("session %q is already running (pid %d)", w.session.ID, old.PID)
+			return fmt.Errorf("session %q is already running (pid %d): %w", w.session.ID, old.PID, errSessionInUse)
 		}
 		// A dead wrapper's file: take the id over.
 		if rerr := os.Remove(sessionFile(w.opts.RunDir, w.session.ID)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {

@@ -469,3 +469,17 @@ func openPTY(t *testing.T) (master, slave *os.File) {
 	t.Cleanup(func() { slave.Close() })
 	return master, slave
 }
+
+// TestExecUnusableRunDir: when the session cannot be registered (then Init
+// cannot see sessions and its watchdog is off), the command still runs.
+func TestExecUnusableRunDir(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := run(t, nil, "vm-exec", "--run-dir", filepath.Join(file, "run"), "--", "sh", "-c", "echo ran; exit 6")
+	if code != 6 || stdout != "ran\n" || stderr != "" {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 6, ran, nothing", code, stdout, stderr)
+	}
+}

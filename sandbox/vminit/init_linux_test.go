@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -289,5 +290,26 @@ func TestInitStop(t *testing.T) {
 				t.Errorf("exit code %d, want %d; log: %s", code, tt.want, p.stderr)
 			}
 		})
+	}
+}
+
+// TestInitUnusableRunDir: a run dir Init cannot create turns the watchdog
+// off (it could not see sessions) instead of failing the VM.
+func TestInitUnusableRunDir(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startInit(t, filepath.Join(file, "run"), "--idle-timeout", "100ms")
+	waitFor(t, "init to start without a watchdog", func() bool {
+		log := p.stderr.String()
+		return strings.Contains(log, "run dir unusable") && strings.Contains(log, `"watchdog":false`)
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Errorf("exit code %d; log: %s", code, p.stderr)
 	}
 }

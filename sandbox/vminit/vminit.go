@@ -98,7 +98,9 @@ type ExecOptions struct {
 	RunDir string
 	// ID names the session for Kill and the status file ([A-Za-z0-9][A-Za-z0-9_.-]*,
 	// at most 128 bytes); empty: a random id. A live session with the same
-	// id makes Exec fail with ExitWrapperError.
+	// id makes Exec fail with ExitWrapperError. When the run dir cannot be
+	// written (then Init's watchdog is off as well) the command runs
+	// unregistered, with a warning to Log.
 	ID string
 	// Daemon marks a long-running server: it does not keep the VM busy and
 	// its leftover processes are not killed when it ends normally.
