@@ -34,6 +34,13 @@ func TestRPCErrors(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	untrusted := filepath.Join(dir, "untrusted")
+	if err := os.MkdirAll(filepath.Join(untrusted, ".agents-sandbox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(untrusted, ".agents-sandbox", "config.toml"), []byte("[network]\nmode = \"open\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name    string
 		line    string
@@ -61,6 +68,7 @@ func TestRPCErrors(t *testing.T) {
 		{"checkout missing", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q}}`, filepath.Join(dir, "nope")), -32001, "not_found", "-", "does not exist"},
 		{"checkout is a file", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q}}`, file), -32602, "invalid_params", "/checkout", "not a directory"},
 		{"unknown agent", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q,"agent":"nosuchagent"}}`, dir), -32602, "invalid_params", "/agent", "unknown agent"},
+		{"untrusted config", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_create","params":{"checkout":%q}}`, untrusted), -32007, "untrusted", "-", "trust: true"},
 		{"engine unreachable", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q}}`, dir), -32002, "runtime_unavailable", "-", "start the Docker engine"},
 		{"engine unreachable (create)", fmt.Sprintf(`{"jsonrpc":"2.0","id":"c","method":"sandbox_create","params":{"checkout":%q}}`, dir), -32002, "runtime_unavailable", "-", "Docker"},
 	}

@@ -46,6 +46,11 @@ type SecretSetter interface {
 	RemoveSecret(ctx context.Context, p *sandbox.Project, name string) error
 }
 
+// ProxyStatuser reports the project's egress proxy (secret_proxy status).
+type ProxyStatuser interface {
+	ProxyStatus(ctx context.Context, p *sandbox.Project) (sandbox.ProxyStatus, error)
+}
+
 // AuditReader reads the project proxy's audit log (secret_proxy audit).
 type AuditReader interface {
 	// AuditEvents returns the newest n audit events, oldest first.
@@ -55,11 +60,13 @@ type AuditReader interface {
 // Deps are what the tools are built from.
 type Deps struct {
 	Core Core
-	// Provisioner, Secrets and Audit default to Core when it implements
-	// them; without one, the operation answers CodeUnsupported.
+	// Provisioner, Secrets, Audit and Proxy default to Core when it
+	// implements them; without one, the operation answers CodeUnsupported
+	// (Proxy: status reports the configuration only).
 	Provisioner Provisioner
 	Secrets     SecretSetter
 	Audit       AuditReader
+	Proxy       ProxyStatuser
 	Log         zerolog.Logger
 }
 
@@ -73,6 +80,9 @@ func All(d Deps) *Registry {
 	}
 	if d.Audit == nil {
 		d.Audit, _ = d.Core.(AuditReader)
+	}
+	if d.Proxy == nil {
+		d.Proxy, _ = d.Core.(ProxyStatuser)
 	}
 	h := &handlers{Deps: d}
 	return NewRegistry(
@@ -92,16 +102,38 @@ func All(d Deps) *Registry {
 // handlers hold the dependencies the tool handlers share.
 type handlers struct{ Deps }
 
-// Target selects the project: the checkout and the agent.
+// Target selects the project (the checkout and the agent) for a tool that
+// applies the project's configuration.
 type Target struct {
 	// Checkout is an absolute path of a directory inside the project.
 	Checkout string `json:"checkout"`
 	// Agent overrides the project's configured agent.
 	Agent string `json:"agent,omitempty"`
+	// Trust accepts the checkout's own configuration of secrets, home
+	// mappings, mounts and wider egress (sandbox.ErrUntrusted).
+	Trust bool `json:"trust,omitempty"`
 }
 
-// open checks the target and opens the project.
+// InspectTarget selects the project for a tool that only looks at or stops
+// things: it needs no trust.
+type InspectTarget struct {
+	Checkout string `json:"checkout"`
+	Agent    string `json:"agent,omitempty"`
+}
+
+func (t InspectTarget) target() Target { return Target{Checkout: t.Checkout, Agent: t.Agent} }
+
+// open checks the target and opens the project; inspect skips the trust
+// check (for tools that apply no configuration).
 func (h *handlers) open(tool string, t Target) (*sandbox.Project, error) {
+	return h.openWith(tool, t, false)
+}
+
+func (h *handlers) inspect(tool string, t InspectTarget) (*sandbox.Project, error) {
+	return h.openWith(tool, t.target(), true)
+}
+
+func (h *handlers) openWith(tool string, t Target, inspect bool) (*sandbox.Project, error) {
 	if !filepath.IsAbs(t.Checkout) {
 		return nil, InvalidParams(tool, "/checkout", "checkout must be an absolute path, got %q; pass the absolute path of a directory inside the project", t.Checkout)
 	}
@@ -113,8 +145,12 @@ func (h *handlers) open(tool string, t Target) (*sandbox.Project, error) {
 	if !fi.IsDir() {
 		return nil, InvalidParams(tool, "/checkout", "checkout %q is not a directory; pass the project's directory, not a file in it", t.Checkout)
 	}
-	p, err := h.Core.Open(sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent})
+	p, err := h.Core.Open(sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent, Trust: t.Trust, SkipTrust: inspect})
 	if err != nil {
+		if errors.Is(err, sandbox.ErrUntrusted) {
+			return nil, &Error{Code: CodeUntrusted, Kind: KindUntrusted, Tool: tool, Err: err,
+				Message: err.Error() + ". Show the user those settings and ask; only when they accept them call " + tool + " again with trust: true"}
+		}
 		if t.Agent != "" && errors.Is(err, sandbox.ErrInvalid) && strings.HasPrefix(err.Error(), fmt.Sprintf("agent %q", t.Agent)) {
 			e := InvalidParams(tool, "/agent", "%s", err.Error())
 			e.Err = err
@@ -203,7 +239,9 @@ func plural(n int, one, many string) string {
 }
 
 var (
-	_ Core        = (*sandbox.Manager)(nil)
-	_ Provisioner = (*sandbox.Manager)(nil)
-	_ AuditReader = (*sandbox.Manager)(nil)
+	_ Core          = (*sandbox.Manager)(nil)
+	_ Provisioner   = (*sandbox.Manager)(nil)
+	_ AuditReader   = (*sandbox.Manager)(nil)
+	_ SecretSetter  = (*sandbox.Manager)(nil)
+	_ ProxyStatuser = (*sandbox.Manager)(nil)
 )

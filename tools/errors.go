@@ -9,7 +9,7 @@ import (
 )
 
 // Code is the JSON-RPC error code of a tool failure. The standard codes are
-// used where they fit; the domain errors use the small range -32001..-32005,
+// used where they fit; the domain errors use the small range -32001..-32007,
 // and a cancelled call is -32800 (as in LSP).
 type Code int
 
@@ -23,6 +23,7 @@ const (
 	CodeConflict           Code = -32004 // a name is taken, or the state forbids the operation
 	CodeInvalidConfig      Code = -32005 // the project's configuration is invalid
 	CodeUnsupported        Code = -32006 // the operation is not available in this build
+	CodeUntrusted          Code = -32007 // the checkout's configuration needs the user's trust first
 	CodeCancelled          Code = -32800 // the caller cancelled the call
 )
 
@@ -36,6 +37,7 @@ const (
 	KindConflict           = "conflict"
 	KindInvalidConfig      = "invalid_config"
 	KindUnsupported        = "unsupported"
+	KindUntrusted          = "untrusted"
 	KindCancelled          = "cancelled"
 )
 
@@ -110,6 +112,8 @@ func asError(ctx context.Context, tool string, err error) *Error {
 	case errors.Is(err, sandbox.ErrBuildFailed):
 		e.Code, e.Kind = CodeBuildFailed, KindBuildFailed
 		e.Message += "; fix .agents-sandbox/Dockerfile, the agent's install step or image.base in the project's config, then call sandbox_create again (with rebuild: true to build from scratch)"
+	case errors.Is(err, sandbox.ErrUntrusted):
+		e.Code, e.Kind = CodeUntrusted, KindUntrusted
 	case errors.Is(err, sandbox.ErrNotFound):
 		e.Code, e.Kind = CodeNotFound, KindNotFound
 	case errors.Is(err, sandbox.ErrConflict):

@@ -127,8 +127,28 @@ func (l *LazyManager) AuditEvents(ctx context.Context, p *sandbox.Project, n int
 	return m.AuditEvents(ctx, p, n)
 }
 
+func (l *LazyManager) ProxyStatus(ctx context.Context, p *sandbox.Project) (sandbox.ProxyStatus, error) {
+	m, err := l.ready(ctx)
+	if err != nil {
+		return sandbox.ProxyStatus{}, err
+	}
+	return m.ProxyStatus(ctx, p)
+}
+
+// SetSecret and RemoveSecret change the checkout's state; they need no
+// runtime.
+func (l *LazyManager) SetSecret(ctx context.Context, p *sandbox.Project, name string, s sandbox.SecretConfig) error {
+	return l.M.SetSecret(ctx, p, name, s)
+}
+
+func (l *LazyManager) RemoveSecret(ctx context.Context, p *sandbox.Project, name string) error {
+	return l.M.RemoveSecret(ctx, p, name)
+}
+
 var (
-	_ Core        = (*LazyManager)(nil)
-	_ Provisioner = (*LazyManager)(nil)
-	_ AuditReader = (*LazyManager)(nil)
+	_ SecretSetter  = (*LazyManager)(nil)
+	_ ProxyStatuser = (*LazyManager)(nil)
+	_ Core          = (*LazyManager)(nil)
+	_ Provisioner   = (*LazyManager)(nil)
+	_ AuditReader   = (*LazyManager)(nil)
 )

@@ -94,7 +94,7 @@ func timings(m map[string]int64) Timings {
 
 // StatusInput is the input of sandbox_status.
 type StatusInput struct {
-	Target
+	InspectTarget
 }
 
 // StatusOutput is the state of the project's VM.
@@ -137,7 +137,7 @@ func (h *handlers) statusTool() Tool {
 		InputSchema: "sandbox_status.input.json", OutputSchema: "sandbox_status.output.json",
 		Hints: Hints{ReadOnly: Yes, Destructive: No, Idempotent: Yes, OpenWorld: No},
 	}, func(ctx context.Context, c Call, in *StatusInput) (StatusOutput, string, error) {
-		p, err := h.open("sandbox_status", in.Target)
+		p, err := h.inspect("sandbox_status", in.InspectTarget)
 		if err != nil {
 			return StatusOutput{}, "", err
 		}
@@ -152,7 +152,7 @@ func (h *handlers) statusTool() Tool {
 
 // StopInput is the input of sandbox_stop.
 type StopInput struct {
-	Target
+	InspectTarget
 	// TimeoutSeconds is how long to wait after SIGTERM before SIGKILL
 	// (default 10).
 	TimeoutSeconds *int `json:"timeout_seconds,omitempty"`
@@ -169,7 +169,7 @@ func (h *handlers) stopTool() Tool {
 		InputSchema: "sandbox_stop.input.json", OutputSchema: "sandbox_stop.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: Yes, Idempotent: Yes, OpenWorld: No},
 	}, func(ctx context.Context, c Call, in *StopInput) (StatusOutput, string, error) {
-		p, err := h.open("sandbox_stop", in.Target)
+		p, err := h.inspect("sandbox_stop", in.InspectTarget)
 		if err != nil {
 			return StatusOutput{}, "", err
 		}
@@ -193,7 +193,7 @@ func (h *handlers) stopTool() Tool {
 
 // RemoveInput is the input of sandbox_remove.
 type RemoveInput struct {
-	Target
+	InspectTarget
 	// Volume also removes the persistent home volume (everything the agent
 	// kept in /home/dev).
 	Volume bool `json:"volume,omitempty"`
@@ -213,7 +213,7 @@ func (h *handlers) removeTool() Tool {
 		InputSchema: "sandbox_remove.input.json", OutputSchema: "sandbox_remove.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: Yes, Idempotent: Yes, OpenWorld: No},
 	}, func(ctx context.Context, c Call, in *RemoveInput) (RemoveOutput, string, error) {
-		p, err := h.open("sandbox_remove", in.Target)
+		p, err := h.inspect("sandbox_remove", in.InspectTarget)
 		if err != nil {
 			return RemoveOutput{}, "", err
 		}
@@ -270,7 +270,7 @@ func (h *handlers) listTool() Tool {
 	}, func(ctx context.Context, c Call, in *ListInput) (ListOutput, string, error) {
 		f := sandbox.ListFilter{Agent: in.Agent, Kind: sandbox.Kind(in.Kind), State: sandbox.VMState(in.State)}
 		if in.Checkout != "" {
-			p, err := h.open("sandbox_list", Target{Checkout: in.Checkout, Agent: in.Agent})
+			p, err := h.inspect("sandbox_list", InspectTarget{Checkout: in.Checkout, Agent: in.Agent})
 			if err != nil {
 				return ListOutput{}, "", err
 			}

@@ -37,6 +37,16 @@ type SecretInfo struct {
 	Body  bool     `json:"body"`
 	// AnyHost is allow_any_host_dangerous.
 	AnyHost bool `json:"any_host"`
+	// Layer is where it is configured: user, repo, project or state (set
+	// with this tool).
+	Layer string `json:"layer"`
+}
+
+// ProxyInfo is the project's proxy container.
+type ProxyInfo struct {
+	Container string `json:"container"`
+	State     string `json:"state"`
+	Network   string `json:"network"`
 }
 
 // AuditEventOut is one audit event of the proxy.
@@ -62,6 +72,7 @@ type NetworkInfo struct {
 type SecretProxyOutput struct {
 	Action  string          `json:"action"`
 	Network NetworkInfo     `json:"network"`
+	Proxy   *ProxyInfo      `json:"proxy,omitempty"`
 	VM      string          `json:"vm"`
 	VMState string          `json:"vm_state"`
 	Secrets []SecretInfo    `json:"secrets"`
@@ -71,14 +82,18 @@ type SecretProxyOutput struct {
 	Changed bool `json:"changed"`
 }
 
-func secretInfos(cfg sandbox.Config) []SecretInfo {
+func secretInfos(p *sandbox.Project) []SecretInfo {
 	out := []SecretInfo{}
-	for name, s := range cfg.Secrets {
+	for name, s := range p.Config.Secrets {
 		from := s.From
 		if strings.HasPrefix(from, "command:") {
-			from = "command"
+			from = "command" // a command line may hold anything
 		}
-		out = append(out, SecretInfo{Name: name, From: from, Hosts: orEmpty(s.Hosts), Body: s.Body, AnyHost: s.AllowAnyHostDangerous})
+		layer := p.Origins["secrets."+name]
+		if layer == "" {
+			layer = p.Origins["secrets."+name+".from"]
+		}
+		out = append(out, SecretInfo{Name: name, From: from, Hosts: orEmpty(s.Hosts), Body: s.Body, AnyHost: s.AllowAnyHostDangerous, Layer: layer})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -119,12 +134,13 @@ func (h *handlers) secretProxyTool() Tool {
 		default:
 			return SecretProxyOutput{}, "", InvalidParams(tool, "/action", "action must be status, list, set, remove or audit, not %q", in.Action)
 		}
-		p, err := h.open(tool, in.Target)
+		mutate := in.Action == "set" || in.Action == "remove"
+		p, err := h.openWith(tool, in.Target, !mutate)
 		if err != nil {
 			return SecretProxyOutput{}, "", err
 		}
 		out := SecretProxyOutput{Action: in.Action, Audit: []AuditEventOut{}}
-		if (in.Action == "set" || in.Action == "remove") && h.Secrets == nil || in.Action == "audit" && h.Audit == nil {
+		if mutate && h.Secrets == nil || in.Action == "audit" && h.Audit == nil {
 			return out, "", &Error{Code: CodeUnsupported, Kind: KindUnsupported, Tool: tool,
 				Message: fmt.Sprintf("secret_proxy action %q is not available in this build of agents-sandbox; edit [secrets] in .agents-sandbox/config.toml instead", in.Action)}
 		}
@@ -154,13 +170,20 @@ func (h *handlers) secretProxyTool() Tool {
 		}
 		if out.Changed {
 			// Re-read the configuration the change wrote.
-			if p, err = h.open(tool, in.Target); err != nil {
+			if p, err = h.openWith(tool, in.Target, true); err != nil {
 				return out, "", err
 			}
 		}
 		cfg := p.Config
 		out.Network = NetworkInfo{Mode: string(cfg.Network.Mode), Allow: orEmpty(cfg.Network.Allow), Deny: orEmpty(cfg.Network.Deny)}
-		out.Secrets = secretInfos(cfg)
+		out.Secrets = secretInfos(p)
+		if h.Proxy != nil && in.Action == "status" {
+			ps, err := h.Proxy.ProxyStatus(ctx, p)
+			if err != nil {
+				return out, "", err
+			}
+			out.Proxy = &ProxyInfo{Container: ps.Container, State: string(ps.State), Network: ps.Network}
+		}
 		st, err := h.Core.Status(ctx, p)
 		if err != nil {
 			return out, "", err
@@ -180,6 +203,9 @@ func (h *handlers) secretProxyTool() Tool {
 				names[i] = s.Name
 			}
 			text = fmt.Sprintf("network mode %s; VM %s is %s; %s", out.Network.Mode, out.VM, out.VMState, plural(len(out.Secrets), "secret", "secrets"))
+			if out.Proxy != nil {
+				text = fmt.Sprintf("network mode %s; proxy %s is %s; VM %s is %s; %s", out.Network.Mode, out.Proxy.Container, out.Proxy.State, out.VM, out.VMState, plural(len(out.Secrets), "secret", "secrets"))
+			}
 			if len(names) > 0 {
 				text += ": " + strings.Join(names, ", ")
 			}
