@@ -1,11 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"syscall"
-	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/spf13/cobra"
 
@@ -29,7 +29,13 @@ func newVMInitCommand(a *app) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--idle-timeout: %w: %w", sandbox.ErrInvalid, err)
 			}
-			code := vminit.Init(cmd.Context(), vminit.InitOptions{RunDir: runDir, IdleTimeout: d, Command: args, Log: a.log})
+			// Signals are Init's to handle (forwarding, grace): the process's
+			// signal context must not cancel it.
+			log := a.log
+			if a.logLevel == "" && a.getenv("AGENTS_SANDBOX_LOG_LEVEL") == "" {
+				log = log.Level(zerolog.InfoLevel)
+			}
+			code := vminit.Init(context.WithoutCancel(cmd.Context()), vminit.InitOptions{RunDir: runDir, IdleTimeout: d, Command: args, Log: log})
 			if code != 0 {
 				return exitError{code: code}
 			}
@@ -51,7 +57,9 @@ func newVMExecCommand(a *app) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Args = args
 			o.Log = a.log
-			code := vminit.Exec(cmd.Context(), o)
+			// SIGINT and friends are forwarded to the command by Exec; the
+			// signal context must not also kill its process group.
+			code := vminit.Exec(context.WithoutCancel(cmd.Context()), o)
 			if code != 0 {
 				return exitError{code: code}
 			}
@@ -105,7 +113,3 @@ func newVMStatusCommand(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&runDir, "run-dir", "", "session directory (default /run/agents-sandbox)")
 	return cmd
 }
-
-var _ = syscall.SIGKILL
-var _ = time.Second
-var _ = os.Stdout
