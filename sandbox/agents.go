@@ -16,12 +16,9 @@ type Agent struct {
 	Name string `json:"name"`
 	AgentProfile
 	// Builtin is true when a built-in profile is the base (whether or not
-	// the user overrode fields of it).
+	// the user overrode fields of it). The other config files an agent reads
+	// next to Config are sandbox/provision's business (provision.Shadowed).
 	Builtin bool `json:"builtin"`
-	// Shadows are other config files, relative to /home/dev, that the agent
-	// also reads from the directory of Config and that would shadow the
-	// merged config; provisioning removes them when it writes Config.
-	Shadows []string `json:"shadows,omitempty"`
 }
 
 // Built-in agent names.
@@ -74,16 +71,6 @@ func BuiltinAgents() map[string]AgentProfile {
 	}
 }
 
-// builtinShadows are the other config files each built-in agent reads next
-// to its Config.
-func builtinShadows(name string) []string {
-	switch name {
-	case AgentOpencode:
-		return []string{".config/opencode/opencode.json", ".config/opencode/config.json"}
-	}
-	return nil
-}
-
 // agentNameRe is what an agent name may be: it becomes part of Docker names
 // and image tags.
 var agentNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
@@ -94,8 +81,9 @@ const maxAgentNameLen = 40
 // ResolveAgent returns the agent called name: the built-in profile of that
 // name with every field the user set under [agents.NAME] in cfg replacing the
 // built-in one (lists replace lists; an explicitly empty list, `serve = []`,
-// clears the field; NeedsNode can only be turned on), or the user's own
-// profile when there is no built-in of that name.
+// clears the field, and `serve = []` the health check too; NeedsNode can
+// only be turned on), or the user's own profile when there is no built-in of
+// that name.
 //
 // Errors wrap ErrInvalid: an unknown name (the message lists the known ones),
 // a name that is not lower-case [a-z0-9_.-] of at most 40 bytes, a daemon
@@ -113,9 +101,6 @@ func ResolveAgent(name string, cfg Config) (Agent, error) {
 		return Agent{}, fmt.Errorf("agent %q: %w: an agent name must be lower-case letters, digits, '_', '.' or '-', starting with a letter or digit, at most %d bytes", name, ErrInvalid, maxAgentNameLen)
 	}
 	a := Agent{Name: name, AgentProfile: base, Builtin: isBuiltin}
-	if isBuiltin {
-		a.Shadows = builtinShadows(name)
-	}
 	if isUser {
 		a.AgentProfile = overlayProfile(base, user)
 	}
@@ -160,6 +145,10 @@ func overlayProfile(base, user AgentProfile) AgentProfile {
 		if *f.src != nil {
 			*f.dst = append([]string{}, *f.src...)
 		}
+	}
+	if user.Serve != nil && len(user.Serve) == 0 && user.Health == nil {
+		// `serve = []` turns the daemon off, its health check with it.
+		out.Health = nil
 	}
 	if user.Config != "" {
 		out.Config = user.Config

@@ -119,6 +119,12 @@ func TestResolveAgentOverlay(t *testing.T) {
 					t.Errorf("%+v", a)
 				}
 			}},
+		{"empty serve drops the health check", "opencode", sandbox.AgentProfile{Serve: []string{}},
+			func(t *testing.T, a sandbox.Agent) {
+				if len(a.Serve) != 0 || len(a.Health) != 0 {
+					t.Errorf("%+v", a)
+				}
+			}},
 		{"needs_node turned on", "shell", sandbox.AgentProfile{NeedsNode: true},
 			func(t *testing.T, a sandbox.Agent) {
 				if !a.NeedsNode || a.Attach[0] != "bash" {
