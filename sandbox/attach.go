@@ -14,15 +14,27 @@ const daemonLog = HomeDir + "/.cache/agents-sandbox/daemon.log"
 
 // ensureDaemon starts the agent's daemon unless its health check passes, and
 // waits until it does (60 s). restart kills a running daemon first.
+//
+// Callers take turns (a lock per checkout and agent), so a second attach
+// arriving while the first starts the daemon waits for it and then finds it
+// healthy instead of starting another. A daemon that runs but fails its
+// health check (hung, or broken by a config change) is killed before the new
+// one starts: its session id must be free for the new one.
 func (m *Manager) ensureDaemon(ctx context.Context, p *Project, vm, user string, restart bool) error {
 	a := p.Agent
 	if len(a.Serve) == 0 {
 		return nil
 	}
-	if restart {
-		m.stopDaemon(ctx, p, vm)
-	} else if m.daemonHealthy(ctx, p, vm, user) {
+	lock, err := AcquireLock(ctx, LockFile(p.Names.StateDir, "daemon-"+p.Names.Agent))
+	if err != nil {
+		return fmt.Errorf("start %s daemon: %w", a.Name, err)
+	}
+	defer lock.Unlock()
+	if !restart && m.daemonHealthy(ctx, p, vm, user) {
 		return nil
+	}
+	if err := m.stopDaemon(ctx, p, vm); err != nil {
+		return fmt.Errorf("start %s daemon: %w", a.Name, err)
 	}
 	// The daemon runs through vm-exec --daemon (it does not keep the VM from
 	// idling) with its output appended to a log file in the home volume.
@@ -55,8 +67,33 @@ func (m *Manager) ensureDaemon(ctx context.Context, p *Project, vm, user string,
 
 func daemonSession(p *Project) string { return "daemon-" + p.Names.Agent }
 
-func (m *Manager) stopDaemon(ctx context.Context, p *Project, vm string) {
-	_ = m.killSession(ctx, vm, daemonSession(p))
+// stopDaemon kills the daemon's session, if one is alive, and waits (10 s)
+// until it has ended, so that its id can be used again.
+func (m *Manager) stopDaemon(ctx context.Context, p *Project, vm string) error {
+	id := daemonSession(p)
+	if !m.sessionAlive(ctx, vm, id) {
+		return nil
+	}
+	_ = m.killSession(ctx, vm, id)
+	deadline := time.Now().Add(10 * time.Second)
+	for m.sessionAlive(ctx, vm, id) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the old daemon (session %s) did not end within 10 s of SIGKILL", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// sessionAlive reports whether a vm-exec session is alive, by sending its
+// process group the harmless SIGCONT (vm-kill fails for an ended session).
+func (m *Manager) sessionAlive(ctx context.Context, vm, id string) bool {
+	r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: []string{InitPath, "vm-kill", "--signal", "CONT", id}, User: "0:0"})
+	return err == nil && r.ExitCode == 0
 }
 
 func (m *Manager) daemonHealthy(ctx context.Context, p *Project, vm, user string) bool {

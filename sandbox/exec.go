@@ -11,6 +11,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -156,11 +157,11 @@ func (m *Manager) execIn(ctx context.Context, vm, defUser, defDir string, o Exec
 	stderr := &capWriter{cap: capN, tee: o.Stderr}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var timedOut bool
-	var timer *time.Timer
+	// Set by the timer goroutine before it cancels runCtx.
+	var timerFired atomic.Bool
 	if o.Timeout > 0 {
-		timer = time.AfterFunc(o.Timeout, func() {
-			timedOut = true
+		timer := time.AfterFunc(o.Timeout, func() {
+			timerFired.Store(true)
 			cancel()
 		})
 		defer timer.Stop()
@@ -176,18 +177,31 @@ func (m *Manager) execIn(ctx context.Context, vm, defUser, defDir string, o Exec
 		ch <- done{CommandResult{ExitCode: r.ExitCode}, err}
 	}()
 	var d done
+	got := false
 	select {
 	case d = <-ch:
+		got = true
 	case <-runCtx.Done():
-		// Timeout or cancellation: kill the whole process group inside the
-		// VM, then collect what the exec call returns.
+	}
+	// killed: the command was still running when the timeout or the
+	// caller's cancellation came (or Exec gave up because of it), and was
+	// killed. A command that ended on its own just as either came keeps its
+	// own exit code and is neither timed out nor cancelled.
+	var killed, timedOut bool
+	if runCtx.Err() != nil && (!got || d.err != nil) {
+		killed = true
+		timedOut = timerFired.Load()
+		// Kill the whole process group inside the VM, then collect what
+		// the exec call returns.
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		kerr := m.killSession(kctx, vm, id)
 		kcancel()
 		if kerr != nil {
 			m.Log.Warn().Err(kerr).Str("vm", vm).Str("session", id).Msg("could not kill the timed-out command")
 		}
-		d = <-ch
+		if !got {
+			d = <-ch
+		}
 		d.err = nil
 		if timedOut {
 			d.r.ExitCode = 124
@@ -198,8 +212,8 @@ func (m *Manager) execIn(ctx context.Context, vm, defUser, defDir string, o Exec
 	res := d.r
 	res.DurationMS = time.Since(start).Milliseconds()
 	res.Stdout, res.Stderr = stdout.output(), stderr.output()
-	res.TimedOut = timedOut
-	res.Cancelled = !timedOut && ctx.Err() != nil
+	res.TimedOut = killed && timedOut
+	res.Cancelled = killed && !timedOut
 	if d.err != nil {
 		return res, fmt.Errorf("exec in VM %q: %w", vm, d.err)
 	}

@@ -61,6 +61,12 @@ func (m *Manager) Create(ctx context.Context, p *Project, opts CreateOptions) (C
 		return res, err
 	}
 	res.HomeVolume, res.VolumeCreated = vol, created
+	if created || vol != as.HomeVolume {
+		// Another volume holds none of what provisioning wrote before:
+		// forget it, or the sync would find everything "unchanged" and
+		// write nothing.
+		as.Provisioned = nil
+	}
 	t.since("volume", t0)
 
 	// Egress (network + proxy) comes before the VM spec: it decides the
@@ -168,11 +174,21 @@ type imageState struct {
 	User  string // "dev" or the image's user
 }
 
+// ensureImage plans and ensures the runner image under the checkout's
+// per-agent image lock (EnsureImage wants its caller to hold one): racing
+// callers then build once, and the later ones find the image current
+// instead of building a second one that moves the tag and leaves the first
+// dangling (and a VM made from it recreated at once).
 func (m *Manager) ensureImage(ctx context.Context, p *Project, opts CreateOptions) (imageState, error) {
 	plan, err := PlanImage(p.ID, p.Config, p.Agent, m.HostUID, m.HostGID)
 	if err != nil {
 		return imageState{}, err
 	}
+	lock, err := AcquireLock(ctx, LockFile(p.Names.StateDir, "image-"+p.Names.Agent))
+	if err != nil {
+		return imageState{}, fmt.Errorf("image %s: %w", p.Names.RunnerImage, err)
+	}
+	defer lock.Unlock()
 	ir, err := EnsureImage(ctx, m.RT, p.ID, p.Names, plan, opts.Rebuild, opts.Progress)
 	if err != nil {
 		return imageState{}, err

@@ -112,23 +112,29 @@ func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm
 		return res, err
 	}
 
-	// Remove shadowed configs and stale files first.
+	// Remove shadowed configs and stale files first, reporting only what
+	// was there.
 	toRemove := append(append([]string{}, plan.Remove...), remove...)
 	sort.Strings(toRemove)
 	if len(toRemove) > 0 {
-		args := []string{"rm", "-rf", "--"}
+		const script = `for p; do if [ -e "$p" ] || [ -L "$p" ]; then rm -rf -- "$p" && printf '%s\n' "$p" || exit 1; fi; done`
+		args := []string{"sh", "-c", script, "sh"}
 		for _, r := range toRemove {
 			args = append(args, HomeDir+"/"+r)
 		}
-		var stderr bytes.Buffer
-		r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: args, User: "0:0", Stderr: &stderr})
+		var stdout, stderr bytes.Buffer
+		r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: args, User: "0:0", Stdout: &stdout, Stderr: &stderr})
 		if err != nil {
 			return res, fmt.Errorf("provision: remove stale files: %w", err)
 		}
 		if r.ExitCode != 0 {
 			return res, fmt.Errorf("provision: remove stale files: exit %d: %s", r.ExitCode, strings.TrimSpace(stderr.String()))
 		}
-		res.Removed = append(res.Removed, toRemove...)
+		for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+			if rel, ok := strings.CutPrefix(l, HomeDir+"/"); ok {
+				res.Removed = append(res.Removed, rel)
+			}
+		}
 	}
 
 	configChanged := false
