@@ -797,10 +797,10 @@ func (mg *migration) warnings() []string {
 		}
 	}
 	if moved > 0 {
-		what = append(what, fmt.Sprintf("%s %d entries of %s into %s", tense("move", "moved"), moved, rep.LegacyStateDir, rep.StateDir))
+		what = append(what, fmt.Sprintf("%s %s of %s into %s", tense("move", "moved"), plural(moved, "entry", "entries"), rep.LegacyStateDir, rep.StateDir))
 	}
 	if dropped > 0 {
-		what = append(what, fmt.Sprintf("%s %d legacy files the checkout already has", tense("drop", "dropped"), dropped))
+		what = append(what, fmt.Sprintf("%s %s the checkout already has", tense("drop", "dropped"), plural(dropped, "legacy file", "legacy files")))
 	}
 	if n := len(rep.Actions); n > 0 && rep.Actions[n-1].Step == StepRemoveDir {
 		what = append(what, tense("remove", "removed")+" "+rep.LegacyStateDir)
@@ -893,4 +893,11 @@ func (m *Manager) LegacyArtifacts(ctx context.Context, repoSlug string) ([]Legac
 		return out[i].Name < out[j].Name
 	})
 	return out, nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
