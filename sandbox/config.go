@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -796,6 +797,14 @@ func (c Config) Validate() error {
 	if c.Agent == "" {
 		return &ConfigError{Source: src, Key: "agent", Msg: "must name an agent"}
 	}
+	for _, l := range []struct {
+		key  string
+		list []string
+	}{{"image.ca_certificates", c.Image.CACertificates}, {"network.allow", c.Network.Allow}, {"network.deny", c.Network.Deny}} {
+		if slices.Contains(l.list, "") {
+			return &ConfigError{Source: src, Key: l.key, Msg: "holds an empty entry"}
+		}
+	}
 	names := make([]string, 0, len(c.Secrets))
 	for n := range c.Secrets {
 		names = append(names, n)
@@ -812,6 +821,9 @@ func (c Config) Validate() error {
 		}
 		if p, _, _ := strings.Cut(s.From, ":"); p != "env" && p != "file" && p != "command" {
 			return &ConfigError{Source: src, Key: key + ".from", Msg: fmt.Sprintf("%q must start with env:, file: or command:", s.From)}
+		}
+		if slices.Contains(s.Hosts, "") {
+			return &ConfigError{Source: src, Key: key + ".hosts", Msg: "holds an empty entry"}
 		}
 		if len(s.Hosts) == 0 && !s.AllowAnyHostDangerous {
 			return &ConfigError{Source: src, Key: key + ".hosts", Msg: "a secret needs the hosts that may receive it (host, .suffix or CIDR); set allow_any_host_dangerous = true only if you accept that any host may"}
