@@ -266,3 +266,32 @@ func TestResolveSecretValue(t *testing.T) {
 		t.Errorf("slow command: %v", err)
 	}
 }
+
+// TestResolveSecretValueEnv reads env sources, "~" and command environments from the given
+// environ, never from the process's (so callers with their own environment, such as a Manager
+// in a test, get what they configured).
+func TestResolveSecretValueEnv(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, "tok"), []byte("from-given-home\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{"HOME=" + home, "AS_GIVEN=first", "AS_GIVEN=from-given-env", "PATH=" + os.Getenv("PATH")}
+	for from, want := range map[string]string{
+		"env:AS_GIVEN":                "from-given-env",
+		"file:~/tok":                  "from-given-home",
+		"command:printf %s $AS_GIVEN": "from-given-env",
+	} {
+		got, err := ResolveSecretValueEnv(ctx, from, t.TempDir(), environ)
+		if err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", from, got, err, want)
+		}
+	}
+	if _, err := ResolveSecretValueEnv(ctx, "env:PATH_IS_NOT_HERE", t.TempDir(), []string{"PATH=/bin"}); err == nil || !strings.Contains(err.Error(), "not set") {
+		t.Errorf("missing variable: %v", err)
+	}
+	if _, err := ResolveSecretValueEnv(ctx, "file:~/tok", t.TempDir(), []string{}); err == nil || !strings.Contains(err.Error(), "HOME") {
+		t.Errorf("no HOME: %v", err)
+	}
+}

@@ -26,6 +26,18 @@ const SecretCommandTimeout = 30 * time.Second
 // and say how to fix it; they never include the value (for a failed command they may quote the
 // last line of its standard error, unless that line holds its standard output).
 func ResolveSecretValue(ctx context.Context, from string, baseDir string) (string, error) {
+	return ResolveSecretValueEnv(ctx, from, baseDir, nil)
+}
+
+// ResolveSecretValueEnv is ResolveSecretValue with the environment given as environ (KEY=VALUE
+// entries, as os.Environ returns them) instead of the process's: "env:NAME" reads NAME from it,
+// "~" in a "file:" path is its HOME, and a "command:" source runs with it as its environment.
+// A nil environ means the process's environment.
+func ResolveSecretValueEnv(ctx context.Context, from string, baseDir string, environ []string) (string, error) {
+	lookup := os.LookupEnv
+	if environ != nil {
+		lookup = func(k string) (string, bool) { return lookupEnv(environ, k) }
+	}
 	kind, arg, ok := strings.Cut(from, ":")
 	if !ok || arg == "" {
 		return "", fmt.Errorf("secret source %q: want env:NAME, file:PATH or command:CMD", from)
@@ -33,13 +45,13 @@ func ResolveSecretValue(ctx context.Context, from string, baseDir string) (strin
 	var v string
 	switch kind {
 	case "env":
-		val, ok := os.LookupEnv(arg)
+		val, ok := lookup(arg)
 		if !ok {
 			return "", fmt.Errorf("secret source %s: environment variable %s is not set: export it where agents-sandbox runs, or change the source", from, arg)
 		}
 		v = val
 	case "file":
-		path, err := expandPath(arg, baseDir)
+		path, err := expandPath(arg, baseDir, lookup)
 		if err != nil {
 			return "", fmt.Errorf("secret source %s: %w", from, err)
 		}
@@ -49,7 +61,7 @@ func ResolveSecretValue(ctx context.Context, from string, baseDir string) (strin
 		}
 		v = string(b)
 	case "command":
-		out, err := runSecretCommand(ctx, arg, baseDir)
+		out, err := runSecretCommand(ctx, arg, baseDir, environ)
 		if err != nil {
 			return "", fmt.Errorf("secret source %s: %w", from, err)
 		}
@@ -64,11 +76,21 @@ func ResolveSecretValue(ctx context.Context, from string, baseDir string) (strin
 	return v, nil
 }
 
-func expandPath(p, baseDir string) (string, error) {
+// lookupEnv returns the last value of k in environ.
+func lookupEnv(environ []string, k string) (string, bool) {
+	for i := len(environ) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(environ[i], k+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func expandPath(p, baseDir string, lookup func(string) (string, bool)) (string, error) {
 	if p == "~" || strings.HasPrefix(p, "~/") {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", fmt.Errorf("expand ~: %w", err)
+		home, ok := lookup("HOME")
+		if !ok || home == "" {
+			return "", fmt.Errorf("expand ~: $HOME is not set")
 		}
 		p = filepath.Join(home, strings.TrimPrefix(p, "~"))
 	}
@@ -78,13 +100,14 @@ func expandPath(p, baseDir string) (string, error) {
 	return p, nil
 }
 
-func runSecretCommand(ctx context.Context, command, dir string) (string, error) {
+func runSecretCommand(ctx context.Context, command, dir string, environ []string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, SecretCommandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", command)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdin = nil
 	cmd.Dir = dir
+	cmd.Env = environ // nil: the process's environment
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = time.Second // a child that keeps the pipes open must not hang us

@@ -54,15 +54,10 @@ func (m *Manager) ensureProxy(ctx context.Context, p *Project, as *AgentState) (
 	if !ok {
 		return egress{}, fmt.Errorf("network.mode \"proxy\": %w: the %T runtime cannot manage networks; use network.mode = \"open\" or \"none\"", ErrInvalid, m.RT)
 	}
-	_, netName := proxyNames(p)
-	if _, err := nw.InspectNetwork(ctx, netName); isNotFound(err) {
-		labels := p.ID.Labels(p.Names.Agent, KindNet)
-		if _, err := nw.CreateNetwork(ctx, NetworkSpec{Name: netName, Labels: labels, Internal: p.Config.Network.Mode == NetworkProxy}); err != nil && !errors.Is(err, ErrConflict) {
-			return egress{}, fmt.Errorf("create network %q: %w", netName, err)
-		}
-	} else if err != nil {
+	if err := m.ensureVMNetwork(ctx, p, nw); err != nil {
 		return egress{}, err
 	}
+	_, netName := proxyNames(p)
 	if as.Placeholders == nil {
 		as.Placeholders = map[string]string{}
 	}
@@ -70,7 +65,11 @@ func (m *Manager) ensureProxy(ctx context.Context, p *Project, as *AgentState) (
 		as.ProxyToken = randomHex(16)
 	}
 	secretEnv := map[string]string{}
-	for name := range p.Config.Secrets {
+	for _, name := range sortedKeys(p.Config.Secrets) {
+		if p.Config.Secrets[name].AllowAnyHostDangerous {
+			// On every run, not only when the proxy starts.
+			m.Log.Warn().Str("secret", name).Msg("allow_any_host_dangerous: this secret may be sent to any host the egress policy allows")
+		}
 		ph := as.Placeholders[name]
 		if ph == "" {
 			ph = proxy.NewPlaceholder(name)
@@ -96,6 +95,44 @@ func (m *Manager) ensureProxy(ctx context.Context, p *Project, as *AgentState) (
 		"CURL_CA_BUNDLE":      vmCABundle,
 	}
 	return egress{Network: netName, Env: env, SecretEnv: secretEnv, Proxy: true}, nil
+}
+
+// ensureVMNetwork makes sure the VM's own network exists as its mode needs
+// it: in proxy mode internal (no route out) and without a host address (the
+// VM must not reach the host's services either), in open mode an ordinary
+// bridge. A network made for the other mode, or by a version that left the
+// host reachable, is replaced: the VM and the proxy on it are removed first
+// (Create makes them again; the home volume stays).
+func (m *Manager) ensureVMNetwork(ctx context.Context, p *Project, nw Networker) error {
+	proxyName, netName := proxyNames(p)
+	isolated := p.Config.Network.Mode == NetworkProxy
+	spec := NetworkSpec{Name: netName, Labels: p.ID.Labels(p.Names.Agent, KindNet), Internal: isolated, NoHostAccess: isolated}
+	cur, err := nw.InspectNetwork(ctx, netName)
+	switch {
+	case isNotFound(err):
+	case err != nil:
+		return fmt.Errorf("inspect network %q: %w", netName, err)
+	case cur.Internal == spec.Internal && cur.NoHostAccess == spec.NoHostAccess:
+		return nil
+	default:
+		m.Log.Info().Str("network", netName).Str("mode", string(p.Config.Network.Mode)).
+			Msg("the VM's network does not match the network mode: replacing it, with the VM and its proxy (the home volume is kept)")
+		for _, c := range []string{p.Names.VM, proxyName} {
+			if err := m.RT.RemoveVM(ctx, c, true); err != nil && !isNotFound(err) {
+				return fmt.Errorf("replace network %q: remove %q: %w", netName, c, err)
+			}
+		}
+		if err := nw.RemoveNetwork(ctx, netName); err != nil && !isNotFound(err) {
+			if errors.Is(err, ErrConflict) {
+				return fmt.Errorf("replace network %q for network.mode %q: %w; remove this checkout's task sandboxes (agents-sandbox prune) and retry", netName, p.Config.Network.Mode, err)
+			}
+			return fmt.Errorf("replace network %q: %w", netName, err)
+		}
+	}
+	if _, err := nw.CreateNetwork(ctx, spec); err != nil && !errors.Is(err, ErrConflict) {
+		return fmt.Errorf("create network %q: %w", netName, err)
+	}
+	return nil
 }
 
 func randomHex(n int) string {
@@ -151,14 +188,11 @@ func (m *Manager) startProxy(ctx context.Context, p *Project, as *AgentState) er
 	baseDir := p.ID.ProjectDir
 	for _, n := range names {
 		s := p.Config.Secrets[n]
-		val, err := proxy.ResolveSecretValue(ctx, s.From, baseDir)
+		val, err := proxy.ResolveSecretValueEnv(ctx, s.From, baseDir, m.environ())
 		if err != nil {
 			return fmt.Errorf("secret %s: %w: %w", n, ErrInvalid, err)
 		}
 		cfg.Secrets = append(cfg.Secrets, proxy.Secret{Name: n, Value: proxy.NewSecretValue(val), Placeholder: as.Placeholders[n], Hosts: s.Hosts, Body: s.Body, AllowAnyHost: s.AllowAnyHostDangerous})
-		if s.AllowAnyHostDangerous {
-			m.Log.Warn().Str("secret", n).Msg("allow_any_host_dangerous: this secret may be sent to any host the egress policy allows")
-		}
 	}
 	files := map[string][]byte{"config/ca.pem": ca.CertPEM()}
 	keyPEM, err := os.ReadFile(filepath.Join(p.Names.StateDir, "ca", "ca-key.pem"))

@@ -234,6 +234,11 @@ type NetworkSpec struct {
 	Name     string
 	Labels   map[string]string
 	Internal bool // no route out of the host
+	// NoHostAccess gives the host no address on the network, so its members
+	// reach each other but no service of the host (an internal network
+	// alone still lets them reach whatever listens on the host's address on
+	// it).
+	NoHostAccess bool
 }
 
 // Network is a network as the runtime reports it.
@@ -242,6 +247,8 @@ type Network struct {
 	ID       string            `json:"id"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	Internal bool              `json:"internal"`
+	// NoHostAccess: the host has no address on the network (NetworkSpec).
+	NoHostAccess bool `json:"no_host_access,omitempty"`
 }
 
 // Networker is the optional ability to manage networks (egress isolation).

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 
 	"github.com/agents-sandbox/agents-sandbox/proxy"
@@ -98,7 +99,7 @@ func (m *Manager) SetSecret(ctx context.Context, p *Project, name string, s Secr
 	if err := probe.Validate(); err != nil {
 		return fmt.Errorf("set secret %s: %w: %w", name, ErrInvalid, err)
 	}
-	if _, err := proxy.ResolveSecretValue(ctx, s.From, p.ID.ProjectDir); err != nil {
+	if _, err := proxy.ResolveSecretValueEnv(ctx, s.From, p.ID.ProjectDir, m.environ()); err != nil {
 		return fmt.Errorf("set secret %s: %w: %w", name, ErrInvalid, err)
 	}
 	lock, err := m.lockVM(ctx, p)
@@ -146,4 +147,13 @@ func (m *Manager) RemoveSecret(ctx context.Context, p *Project, name string) err
 	}
 	delete(p.Config.Secrets, name)
 	return nil
+}
+
+// environ is the environment secret sources read: Manager.Environ, or the
+// process's when that is nil.
+func (m *Manager) environ() []string {
+	if m.Environ != nil {
+		return m.Environ
+	}
+	return os.Environ()
 }

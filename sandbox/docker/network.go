@@ -12,6 +12,10 @@ import (
 	"github.com/agents-sandbox/agents-sandbox/sandbox"
 )
 
+// optInhibitIPv4 keeps the bridge itself (the host) without an IPv4 address
+// on the network: sandbox.NetworkSpec.NoHostAccess.
+const optInhibitIPv4 = "com.docker.network.bridge.inhibit_ipv4"
+
 // CreateNetwork creates a bridge network (ErrConflict when one with that
 // name exists; the engine itself would allow duplicates on API < 1.44).
 // Internal networks have no route out of the host.
@@ -26,10 +30,15 @@ func (d *Driver) CreateNetwork(ctx context.Context, spec sandbox.NetworkSpec) (s
 	case sentinel(err) != sandbox.ErrNotFound:
 		return sandbox.Network{}, d.wrap(op, err)
 	}
+	var options map[string]string
+	if spec.NoHostAccess {
+		options = map[string]string{optInhibitIPv4: "true"}
+	}
 	res, err := d.cli.NetworkCreate(ctx, spec.Name, client.NetworkCreateOptions{
 		Driver:   "bridge",
 		Internal: spec.Internal,
 		Labels:   spec.Labels,
+		Options:  options,
 	})
 	if err != nil {
 		return sandbox.Network{}, d.wrap(op, err)
@@ -91,5 +100,7 @@ func toNetwork(n network.Network) sandbox.Network {
 		ID:       n.ID,
 		Labels:   maps.Clone(n.Labels),
 		Internal: n.Internal,
+		// The engine keeps the options as given; it parses this one as a bool.
+		NoHostAccess: n.Options[optInhibitIPv4] == "true" || n.Options[optInhibitIPv4] == "1",
 	}
 }
