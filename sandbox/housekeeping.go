@@ -151,7 +151,11 @@ type ListFilter struct {
 	State    VMState // running or stopped; empty: both
 }
 
-// Listed is one VM or task sandbox as List reports it.
+// Listed is one VM or task sandbox as List reports it. Image is the tag of
+// the image it runs ("agents-sandbox/runner-…:shell-latest"), or its ID
+// when the image has no tag left; LastUsed is the later of its last start
+// and stop, and for a project VM the state file's record (the current time
+// while it runs).
 type Listed struct {
 	Name     string            `json:"name"`
 	Kind     Kind              `json:"kind"`
@@ -166,13 +170,32 @@ type Listed struct {
 	Labels   map[string]string `json:"labels"`
 }
 
-// List returns the VMs and task sandboxes agents-sandbox made, found by
-// label, newest first.
+// List returns the VMs (kind vm) and task sandboxes (kind task)
+// agents-sandbox made, found by label and filtered by f, newest first. It
+// inspects each one for its start and stop times. Errors: the engine's.
 func (m *Manager) List(ctx context.Context, f ListFilter) ([]Listed, error) {
 	var out []Listed
 	kinds := []Kind{KindVM, KindTask}
 	if f.Kind != "" {
 		kinds = []Kind{f.Kind}
+	}
+	// VMs are created from an image ID; show the image's tag instead.
+	tags := map[string]string{}
+	imageName := func(vm VM) string {
+		if !strings.HasPrefix(vm.Image, "sha256:") {
+			return vm.Image
+		}
+		if n, ok := tags[vm.ImageID]; ok {
+			return n
+		}
+		n := vm.Image
+		if img, err := m.RT.InspectImage(ctx, vm.ImageID); err == nil {
+			if tags := realTags(img.Tags); len(tags) > 0 {
+				n = tags[0]
+			}
+		}
+		tags[vm.ImageID] = n
+		return n
 	}
 	for _, k := range kinds {
 		labels := map[string]string{LabelKind: string(k)}
@@ -190,7 +213,8 @@ func (m *Manager) List(ctx context.Context, f ListFilter) ([]Listed, error) {
 			if f.State != "" && !stateMatches(f.State, vm.State) {
 				continue
 			}
-			l := Listed{Name: vm.Name, Kind: k, State: vm.State, Image: vm.Image, Created: vm.Created,
+			vm = m.withTimes(ctx, vm)
+			l := Listed{Name: vm.Name, Kind: k, State: vm.State, Image: imageName(vm), Created: vm.Created,
 				Checkout: vm.Labels[LabelCheckout], Project: vm.Labels[LabelProject], Agent: vm.Labels[LabelAgent],
 				Dir: vm.Labels[LabelDir], Labels: vm.Labels}
 			l.LastUsed = m.lastUsed(vm)
@@ -208,7 +232,24 @@ func stateMatches(want, got VMState) bool {
 	return want == got
 }
 
-// lastUsed is the later of the VM's last start and the state file's record.
+// withTimes fills in the start and finish times a listed VM lacks (the
+// list API of some engines does not report them) by inspecting it. When the
+// inspect fails (the VM is gone) the VM is returned as it was.
+func (m *Manager) withTimes(ctx context.Context, vm VM) VM {
+	if !vm.StartedAt.IsZero() || !vm.FinishedAt.IsZero() {
+		return vm
+	}
+	full, err := m.RT.InspectVM(ctx, vm.Name)
+	if err != nil {
+		return vm
+	}
+	vm.StartedAt, vm.FinishedAt, vm.ExitCode = full.StartedAt, full.FinishedAt, full.ExitCode
+	return vm
+}
+
+// lastUsed is the latest of the VM's last start and stop and, for a
+// project VM, the state file's record; the current time for a running VM;
+// its creation time when nothing else is known.
 func (m *Manager) lastUsed(vm VM) time.Time {
 	t := vm.StartedAt
 	if vm.FinishedAt.After(t) {
@@ -217,11 +258,9 @@ func (m *Manager) lastUsed(vm VM) time.Time {
 	if vm.State == VMRunning {
 		t = m.now()
 	}
-	if slug := vm.Labels[LabelCheckout]; slug != "" {
-		if st, err := LoadState(m.Dirs.State + "/" + slug); err == nil {
-			if as := st.Agents[vm.Labels[LabelAgent]]; as != nil && as.LastUsed.After(t) {
-				t = as.LastUsed
-			}
+	if kindOf(vm.Labels) == KindVM {
+		if as := m.stateFor(vm.Labels); as != nil && as.LastUsed.After(t) {
+			t = as.LastUsed
 		}
 	}
 	if t.IsZero() {

@@ -2,10 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -15,7 +18,8 @@ type PruneOptions struct {
 	// Age: VMs unused for longer than this are removed (default 7 days).
 	Age time.Duration
 	// Volumes also removes the home volumes of the VMs removed, and home
-	// volumes no VM or state uses that are older than Age.
+	// volumes no VM mounts that were last used (per the checkout's state,
+	// else created) longer than Age ago.
 	Volumes bool
 	// DryRun reports what would be removed and changes nothing.
 	DryRun bool
@@ -28,21 +32,37 @@ type Pruned struct {
 	Kind   Kind   `json:"kind"`
 	Name   string `json:"name"`
 	Reason string `json:"reason"`
-	Bytes  int64  `json:"bytes"` // space freed, -1 when unknown
+	Bytes  int64  `json:"bytes"` // space freed (for an image: its size, layers it shares may stay), -1 when unknown
 }
 
-// PruneResult lists what Prune removed and the space freed in bytes.
+// PruneResult lists what Prune removed and the space freed in bytes (the
+// sum of the known sizes).
 type PruneResult struct {
 	DryRun     bool     `json:"dry_run"`
 	Removed    []Pruned `json:"removed"`
 	BytesFreed int64    `json:"bytes_freed"`
 }
 
+// taskGrace is how long a finished, not kept task sandbox whose spawner is
+// alive is left to it (it is reading the task's results) before Prune takes
+// it; also how new a runner image must be for Prune to leave it to a build
+// that has not created its VM yet.
+const taskGrace = 10 * time.Minute
+
 // Prune removes what agents-sandbox made and no longer needs, found by
-// labels only (nothing else on the engine is touched): stopped task
-// sandboxes and running ones whose spawner died, VMs unused for longer than
-// Age (their home volumes only with Volumes), runner images no VM uses, and
-// dangling build layers carrying our labels.
+// labels only (nothing else on the engine is touched):
+//   - task sandboxes that are not running (kept ones, and ones whose
+//     spawner is gone or finished with them more than 10 minutes ago) and
+//     running ones whose spawner, a process on this host, is gone;
+//   - VMs (kind vm) not running and unused for longer than Age, with their
+//     proxy container and internal network; with Volumes also their home
+//     volumes, and home volumes no VM mounts that were last used longer
+//     than Age ago (the checkout's state then forgets them);
+//   - runner images no remaining VM or task uses (and not built in the last
+//     10 minutes), and dangling images carrying our runner labels.
+//
+// A dry run lists the same without removing anything (dangling layers are
+// not listed). Errors: the engine's, wrapped with the artifact's name.
 func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error) {
 	if o.Age <= 0 {
 		o.Age = 7 * 24 * time.Hour
@@ -64,25 +84,31 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 	now := m.now()
 	host, _ := os.Hostname()
 
-	// Task sandboxes: stopped ones, and running ones whose spawner is gone.
+	usedImages := map[string]bool{}
+	usedVolumes := map[string]bool{}
+	use := func(vm VM) {
+		usedImages[vm.ImageID] = true
+		for _, mt := range vm.Mounts {
+			if mt.Type == "volume" {
+				usedVolumes[mt.Source] = true
+			}
+		}
+	}
+
+	// Task sandboxes.
 	tasks, err := m.RT.ListVMs(ctx, sel(KindTask))
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("prune: list task sandboxes: %w", err)
 	}
 	for _, t := range tasks {
-		reason := ""
-		switch {
-		case t.State != VMRunning:
-			reason = "stopped task sandbox"
-		case t.Labels[labelSpawnerHost] == host && !pidAlive(t.Labels[labelSpawnerPID]):
-			reason = "task sandbox whose spawner (pid " + t.Labels[labelSpawnerPID] + ") is gone"
-		}
+		reason := m.taskPruneReason(ctx, t, host, now)
 		if reason == "" {
+			use(t)
 			continue
 		}
 		if !o.DryRun {
 			if err := m.RT.RemoveVM(ctx, t.Name, true); err != nil && !isNotFound(err) {
-				return res, fmt.Errorf("prune task %q: %w", t.Name, err)
+				return res, fmt.Errorf("prune task sandbox %q: %w", t.Name, err)
 			}
 		}
 		add(Pruned{Kind: KindTask, Name: t.Name, Reason: reason, Bytes: -1})
@@ -91,19 +117,14 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 	// VMs unused for longer than Age.
 	vms, err := m.RT.ListVMs(ctx, sel(KindVM))
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("prune: list VMs: %w", err)
 	}
-	usedImages := map[string]bool{}
-	usedVolumes := map[string]bool{}
+	var homes []string // home volumes of pruned VMs
 	for _, vm := range vms {
+		vm = m.withTimes(ctx, vm)
 		last := m.lastUsed(vm)
-		if vm.State == VMRunning || now.Sub(last) < o.Age {
-			usedImages[vm.ImageID] = true
-			for _, mt := range vm.Mounts {
-				if mt.Type == "volume" {
-					usedVolumes[mt.Source] = true
-				}
-			}
+		if vm.State == VMRunning || vm.State == VMPaused || now.Sub(last) < o.Age {
+			use(vm)
 			continue
 		}
 		if !o.DryRun {
@@ -111,50 +132,94 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 				return res, fmt.Errorf("prune VM %q: %w", vm.Name, err)
 			}
 		}
-		add(Pruned{Kind: KindVM, Name: vm.Name, Reason: fmt.Sprintf("unused since %s", last.UTC().Format(time.RFC3339)), Bytes: -1})
-		if o.Volumes {
-			for _, mt := range vm.Mounts {
-				if mt.Type != "volume" || mt.Target != HomeDir {
-					continue
-				}
-				size := int64(-1)
-				if v, err := m.RT.InspectVolume(ctx, mt.Source); err == nil {
-					size = v.Size
-				}
-				if !o.DryRun {
-					if err := m.RT.RemoveVolume(ctx, mt.Source); err != nil && !isNotFound(err) {
-						return res, fmt.Errorf("prune home volume %q: %w", mt.Source, err)
-					}
-				}
-				add(Pruned{Kind: KindHome, Name: mt.Source, Reason: "home volume of pruned VM " + vm.Name, Bytes: size})
+		add(Pruned{Kind: KindVM, Name: vm.Name, Reason: "unused since " + last.UTC().Format(time.RFC3339), Bytes: -1})
+		extras, err := m.pruneVMExtras(ctx, vm, o.DryRun)
+		for _, e := range extras {
+			add(e)
+		}
+		if err != nil {
+			return res, err
+		}
+		for _, mt := range vm.Mounts {
+			if mt.Type == "volume" && mt.Target == HomeDir {
+				homes = append(homes, mt.Source)
 			}
 		}
 	}
-	// Tasks still running keep their image.
-	for _, t := range tasks {
-		if t.State == VMRunning {
-			usedImages[t.ImageID] = true
+
+	// Home volumes: those of the pruned VMs, and others no VM mounts that
+	// were unused for longer than Age.
+	if o.Volumes {
+		of := map[string]bool{}
+		for _, h := range homes {
+			of[h] = true
+		}
+		vols, err := m.RT.ListVolumes(ctx, sel(KindHome))
+		if err != nil {
+			return res, fmt.Errorf("prune: list home volumes: %w", err)
+		}
+		seen := map[string]bool{}
+		for _, v := range vols {
+			seen[v.Name] = true
+		}
+		// A pruned VM's home volume that lacks our labels (an older
+		// layout's) still goes with it.
+		for _, h := range homes {
+			if !seen[h] {
+				if v, err := m.RT.InspectVolume(ctx, h); err == nil {
+					vols = append(vols, v)
+				}
+			}
+		}
+		sort.Slice(vols, func(i, j int) bool { return vols[i].Name < vols[j].Name })
+		for _, v := range vols {
+			if usedVolumes[v.Name] {
+				continue
+			}
+			reason := ""
+			if of[v.Name] {
+				reason = "home volume of a pruned VM"
+			} else {
+				last := v.Created
+				if as := m.stateFor(v.Labels); as != nil && as.HomeVolume == v.Name && as.LastUsed.After(last) {
+					last = as.LastUsed
+				}
+				if last.IsZero() || now.Sub(last) < o.Age {
+					continue
+				}
+				reason = "home volume unused since " + last.UTC().Format(time.RFC3339)
+			}
+			if !o.DryRun {
+				if err := m.RT.RemoveVolume(ctx, v.Name); err != nil && !isNotFound(err) {
+					return res, fmt.Errorf("prune home volume %q: %w", v.Name, err)
+				}
+				if err := m.forgetHomeVolume(ctx, v); err != nil {
+					return res, err
+				}
+			}
+			size := v.Size
+			if iv, err := m.RT.InspectVolume(ctx, v.Name); err == nil && size < 0 {
+				size = iv.Size
+			}
+			add(Pruned{Kind: KindHome, Name: v.Name, Reason: reason, Bytes: size})
 		}
 	}
 
-	// Runner images no VM uses.
+	// Runner images no remaining VM or task uses.
 	imgs, err := m.RT.ListImages(ctx, sel(KindRunner))
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("prune: list runner images: %w", err)
 	}
 	sort.Slice(imgs, func(i, j int) bool { return imgs[i].ID < imgs[j].ID })
 	for _, img := range imgs {
-		if usedImages[img.ID] {
-			continue
+		img.Tags = realTags(img.Tags)
+		if usedImages[img.ID] || len(img.Tags) == 0 || now.Sub(img.Created) < taskGrace {
+			continue // untagged ones go with the dangling layers below
 		}
-		// Keep images of VMs that exist (stopped but recent).
-		name := img.ID
-		if len(img.Tags) > 0 {
-			name = img.Tags[0]
-		}
+		name := img.Tags[0]
 		if !o.DryRun {
-			// Untag each name first: removing by ID fails for an image
-			// with several tags.
+			// Untag each name, then the ID: removing by ID fails for an
+			// image with several tags.
 			refs := append(append([]string{}, img.Tags...), img.ID)
 			kept := false
 			for _, ref := range refs {
@@ -173,19 +238,142 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 
 	// Dangling build layers of ours.
 	if !o.DryRun {
-		labels := map[string]string{LabelKind: string(KindRunner)}
-		if o.Checkout != "" {
-			labels[LabelCheckout] = o.Checkout
-		}
-		freed, err := m.RT.PruneBuildCache(ctx, labels)
+		freed, err := m.RT.PruneBuildCache(ctx, sel(KindRunner))
 		if err != nil {
-			return res, err
+			return res, fmt.Errorf("prune: dangling runner layers: %w", err)
 		}
 		if freed > 0 {
 			add(Pruned{Kind: KindRunner, Name: "dangling build layers", Reason: "untagged layers of our builds", Bytes: freed})
 		}
 	}
 	return res, nil
+}
+
+// taskPruneReason says why Prune removes task sandbox t, or "" to keep it.
+func (m *Manager) taskPruneReason(ctx context.Context, t VM, host string, now time.Time) string {
+	pid := t.Labels[labelSpawnerPID]
+	local := t.Labels[labelSpawnerHost] == host
+	alive := local && pidAlive(pid)
+	if t.State == VMRunning || t.State == VMPaused {
+		if local && !alive {
+			return "task sandbox whose spawner (pid " + pid + ") is gone"
+		}
+		return ""
+	}
+	switch {
+	case t.Labels[labelKeep] == "true":
+		return "kept task sandbox, stopped"
+	case !alive:
+		return "stopped task sandbox"
+	}
+	// Its spawner is still at work on it (starting it, or copying its
+	// results out), unless it finished with it a while ago.
+	t = m.withTimes(ctx, t)
+	end := t.FinishedAt
+	if end.IsZero() {
+		end = t.Created
+	}
+	if now.Sub(end) > taskGrace {
+		return "stopped task sandbox"
+	}
+	return ""
+}
+
+// pruneVMExtras removes the proxy container and internal network of a
+// pruned VM, found by its checkout and agent labels.
+func (m *Manager) pruneVMExtras(ctx context.Context, vm VM, dry bool) ([]Pruned, error) {
+	var out []Pruned
+	slug, agent := vm.Labels[LabelCheckout], vm.Labels[LabelAgent]
+	if slug == "" || agent == "" {
+		return nil, nil
+	}
+	proxies, err := m.RT.ListVMs(ctx, map[string]string{LabelKind: string(KindProxy), LabelCheckout: slug, LabelAgent: agent})
+	if err != nil {
+		return out, fmt.Errorf("prune: list proxies of %q: %w", vm.Name, err)
+	}
+	for _, p := range proxies {
+		if !dry {
+			if err := m.RT.RemoveVM(ctx, p.Name, true); err != nil && !isNotFound(err) {
+				return out, fmt.Errorf("prune proxy %q: %w", p.Name, err)
+			}
+		}
+		out = append(out, Pruned{Kind: KindProxy, Name: p.Name, Reason: "proxy of pruned VM " + vm.Name, Bytes: -1})
+	}
+	nw, ok := m.RT.(Networker)
+	if !ok {
+		return out, nil
+	}
+	nets, err := nw.ListNetworks(ctx, map[string]string{LabelKind: string(KindNet), LabelCheckout: slug, LabelAgent: agent})
+	if err != nil {
+		return out, fmt.Errorf("prune: list networks of %q: %w", vm.Name, err)
+	}
+	for _, n := range nets {
+		if !dry {
+			if err := nw.RemoveNetwork(ctx, n.Name); err != nil && !isNotFound(err) {
+				return out, fmt.Errorf("prune network %q: %w", n.Name, err)
+			}
+		}
+		out = append(out, Pruned{Kind: KindNet, Name: n.Name, Reason: "network of pruned VM " + vm.Name, Bytes: -1})
+	}
+	return out, nil
+}
+
+// stateFor returns the agent state of the checkout and agent an artifact's
+// labels name, or nil when there is none.
+func (m *Manager) stateFor(labels map[string]string) *AgentState {
+	slug, agent := labels[LabelCheckout], labels[LabelAgent]
+	if slug == "" || agent == "" || filepath.Base(slug) != slug {
+		return nil
+	}
+	st, err := LoadState(filepath.Join(m.Dirs.State, slug))
+	if err != nil {
+		return nil
+	}
+	return st.Agents[agent]
+}
+
+// forgetHomeVolume clears a removed home volume from its checkout's state,
+// under the checkout's VM lock, so the next Create makes a new one instead
+// of looking for it.
+func (m *Manager) forgetHomeVolume(ctx context.Context, v Volume) error {
+	slug, agent := v.Labels[LabelCheckout], v.Labels[LabelAgent]
+	if slug == "" || agent == "" || filepath.Base(slug) != slug {
+		return nil
+	}
+	dir := filepath.Join(m.Dirs.State, slug)
+	if _, err := os.Stat(StateFile(dir)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	lock, err := AcquireLock(ctx, LockFile(dir, "vm-"+agent))
+	if err != nil {
+		return fmt.Errorf("prune home volume %q: %w", v.Name, err)
+	}
+	defer lock.Unlock()
+	st, err := LoadState(dir)
+	if err != nil {
+		return fmt.Errorf("prune home volume %q: %w", v.Name, err)
+	}
+	as := st.Agents[agent]
+	if as == nil || as.HomeVolume != v.Name {
+		return nil
+	}
+	as.HomeVolume, as.Provisioned = "", nil
+	if err := SaveState(dir, st); err != nil {
+		return fmt.Errorf("prune home volume %q: %w", v.Name, err)
+	}
+	return nil
+}
+
+// realTags drops the placeholders an engine may list for an untagged image
+// ("<none>:<none>").
+func realTags(tags []string) []string {
+	var out []string
+	for _, t := range tags {
+		if !strings.HasPrefix(t, "<none>") {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // pidAlive reports whether a process with that pid exists on this host.
@@ -195,5 +383,5 @@ func pidAlive(s string) bool {
 		return false
 	}
 	err = syscall.Kill(pid, 0)
-	return err == nil || err == syscall.EPERM
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -8,13 +8,16 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // WorkspaceMode says how a task sandbox sees the checkout.
@@ -41,6 +44,7 @@ const (
 	labelSpawnerPID  = "org.agents-sandbox.spawner-pid"
 	labelSpawnerHost = "org.agents-sandbox.spawner-host"
 	labelTimeout     = "org.agents-sandbox.timeout"
+	labelKeep        = "org.agents-sandbox.keep" // "true": kept after it ended, for prune to remove
 )
 
 // TaskOptions is one task sandbox run.
@@ -62,9 +66,14 @@ type TaskOptions struct {
 }
 
 // TaskResult is how a task ended. Diff and Changed are set for copy
-// workspaces: Changed lists paths relative to the checkout root, Diff is a
-// unified diff (git format, a/ and b/ prefixes) that `git apply` takes in the
-// checkout.
+// workspaces: Changed lists the paths (relative to the checkout root, sorted)
+// whose content, type or executable bit the task changed, created or
+// deleted; Diff is a unified diff of them in git format (a/ and b/
+// prefixes, binary patches for files that are not UTF-8 text) that
+// `git apply` takes in the checkout. Neither covers .git directories, empty
+// directories or mode bits other than the executable bit. DiffTruncated
+// says Diff was cut (at a file boundary) at 8 MiB. Name is set once the
+// sandbox was created; Kept says it was left behind, stopped.
 type TaskResult struct {
 	Name          string   `json:"name"`
 	Kept          bool     `json:"kept"`
@@ -115,16 +124,20 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 	if err := m.checkOCIRuntime(ctx, p); err != nil {
 		return res, err
 	}
-	img, err := m.ensureImage(ctx, p, CreateOptions{Progress: o.Progress})
-	if err != nil {
-		return res, err
-	}
 
-	// The same egress as the project VM: same proxy, placeholders, policy.
+	// The image, and the same egress as the project VM (same proxy,
+	// placeholders, policy), under the checkout's lock: concurrent spawns
+	// then build a missing image once and the others reuse it.
+	var img imageState
 	var eg egress
 	{
 		lock, err := m.lockVM(ctx, p)
 		if err != nil {
+			return res, err
+		}
+		img, err = m.ensureImage(ctx, p, CreateOptions{Progress: o.Progress})
+		if err != nil {
+			lock.Unlock()
 			return res, err
 		}
 		st, err := LoadState(p.Names.StateDir)
@@ -158,6 +171,9 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 	spec.Labels[labelSpawnerHost] = host
 	if o.Timeout > 0 {
 		spec.Labels[labelTimeout] = o.Timeout.String()
+	}
+	if o.Keep {
+		spec.Labels[labelKeep] = "true"
 	}
 	// A backstop: a task whose spawner died stops itself once idle.
 	spec.Entrypoint = []string{InitPath, "vm-init", "--idle-timeout", "2m"}
@@ -210,16 +226,22 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 		}
 	}
 
-	// Create under a unique name; retry on the rare nanosecond collision.
+	// Create under a unique name; on a collision (two spawns in the same
+	// nanosecond, or a Manager.Now that returns a fixed time) retry with a
+	// random offset of up to a second.
 	var name string
 	for i := 0; ; i++ {
-		name = p.Names.TaskName(m.now())
+		t := m.now()
+		if i > 0 {
+			t = t.Add(time.Duration(rand.Int64N(int64(time.Second))))
+		}
+		name = p.Names.TaskName(t)
 		spec.Name = name
 		_, err = m.RT.CreateVM(ctx, spec)
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, ErrConflict) || i > 5 {
+		if !errors.Is(err, ErrConflict) || i >= 10 {
 			return res, fmt.Errorf("create task sandbox: %w", err)
 		}
 	}
@@ -272,6 +294,14 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 		return res, err
 	}
 	if snapshot != nil && ctx.Err() == nil {
+		// Stop the task first: nothing it left running can change the
+		// workspace while it is copied out.
+		if err := m.RT.KillVM(ctx, name); err != nil && !isNotFound(err) && !errors.Is(err, ErrConflict) {
+			return res, fmt.Errorf("stop task %q before diffing: %w", name, err)
+		}
+		if _, err := m.RT.WaitVM(ctx, name); err != nil {
+			return res, fmt.Errorf("stop task %q before diffing: %w", name, err)
+		}
 		changed, diff, trunc, err := m.taskDiff(ctx, name, snapshot.Name())
 		if err != nil {
 			return res, err
@@ -282,18 +312,26 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 }
 
 // taskDiff compares the task's /workspace with the snapshot it started from.
-func (m *Manager) taskDiff(ctx context.Context, name, snapshot string) ([]string, string, bool, error) {
+// The task's VM is stopped by then, so its workspace cannot change under the
+// copy. Both trees are unpacked on the host (without any .git directory:
+// repository internals are not part of the result), staged into a throwaway
+// git index, and compared with git diff-index, so paths come out with a/ and
+// b/ prefixes relative to the checkout root and `git apply` takes the diff
+// as it is. Files whose content is not valid UTF-8 get binary patches, so the
+// diff survives JSON. The diff is cut at a file boundary when longer than
+// maxDiff (truncated is then true; changed still lists every path).
+func (m *Manager) taskDiff(ctx context.Context, name, snapshot string) (changed []string, diff string, truncated bool, err error) {
 	tmp, err := os.MkdirTemp("", "agents-sandbox-diff-*")
 	if err != nil {
-		return nil, "", false, err
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	base, result := filepath.Join(tmp, "a"), filepath.Join(tmp, "b")
+	base, result, gitDir := filepath.Join(tmp, "a"), filepath.Join(tmp, "b"), filepath.Join(tmp, "git")
 	f, err := os.Open(snapshot)
 	if err != nil {
-		return nil, "", false, err
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
 	}
-	err = untarDir(f, base, "workspace/")
+	err = extractTree(f, base, "workspace/")
 	f.Close()
 	if err != nil {
 		return nil, "", false, fmt.Errorf("task diff: unpack snapshot: %w", err)
@@ -302,65 +340,138 @@ func (m *Manager) taskDiff(ctx context.Context, name, snapshot string) ([]string
 	if err != nil {
 		return nil, "", false, fmt.Errorf("task diff: copy /workspace out of %q: %w", name, err)
 	}
-	err = untarDir(rc, result, "")
+	err = extractTree(rc, result, "")
 	rc.Close()
 	if err != nil {
 		return nil, "", false, fmt.Errorf("task diff: unpack result: %w", err)
 	}
-	// git diff --no-index compares the two trees; paths come out as
-	// a/<file> and b/<file> because it runs from tmp with a and b as args.
-	cmd := exec.CommandContext(ctx, "git", "-c", "core.quotepath=off", "diff", "--no-index", "--no-renames", "--binary", "--no-color", "--no-ext-diff", "--src-prefix=", "--dst-prefix=", "a", "b")
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "LC_ALL=C")
-	var out, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-			return nil, "", false, fmt.Errorf("task diff: git diff: %w: %s", err, stderr.String())
+
+	git := func(workTree string, args ...string) ([]byte, error) {
+		full := append([]string{"--git-dir=" + gitDir}, args...)
+		if workTree != "" {
+			full = append([]string{"--work-tree=" + workTree}, full...)
+		}
+		cmd := exec.CommandContext(ctx, "git", full...)
+		cmd.Dir = tmp
+		cmd.Env = hostGitEnv()
+		var out, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &stderr
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		}
+		return out.Bytes(), nil
+	}
+	if _, err := git("", "init", "-q"); err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	// The checkout's own .gitattributes must not convert line endings or
+	// run filters: the diff is of the bytes as they are.
+	attrs := filepath.Join(gitDir, "info", "attributes")
+	if err := os.MkdirAll(filepath.Dir(attrs), 0o755); err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	rules := "* -text -eol -filter -ident -working-tree-encoding\n"
+	if err := os.WriteFile(attrs, []byte(rules), 0o644); err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	if _, err := git(base, "add", "-A", "-f", "--", "."); err != nil {
+		return nil, "", false, fmt.Errorf("task diff: stage snapshot: %w", err)
+	}
+	treeOut, err := git("", "write-tree")
+	if err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	tree := strings.TrimSpace(string(treeOut))
+	if _, err := git(result, "add", "-A", "-f", "--", "."); err != nil {
+		return nil, "", false, fmt.Errorf("task diff: stage result: %w", err)
+	}
+	names, err := git("", "diff-index", "--cached", "--no-renames", "--name-only", "-z", tree)
+	if err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	quote := "off"
+	for _, p := range strings.Split(strings.TrimSuffix(string(names), "\x00"), "\x00") {
+		if p == "" {
+			continue
+		}
+		changed = append(changed, p)
+		if !utf8.ValidString(p) {
+			quote = "on" // git then quotes the name in C style, in ASCII
+		}
+		if !utf8File(filepath.Join(base, p)) || !utf8File(filepath.Join(result, p)) {
+			rules += "/" + attrPattern(p) + " -diff\n"
 		}
 	}
-	diff, changed := rewriteNoIndexDiff(out.String())
-	trunc := false
-	if len(diff) > maxDiff {
-		diff, trunc = diff[:maxDiff], true
+	if len(changed) == 0 {
+		return nil, "", false, nil
 	}
-	return changed, diff, trunc, nil
+	if err := os.WriteFile(attrs, []byte(rules), 0o644); err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	out, err := git("", "-c", "core.quotepath="+quote, "diff-index", "--cached", "--no-renames", "-p", "--binary", tree)
+	if err != nil {
+		return nil, "", false, fmt.Errorf("task diff: %w", err)
+	}
+	diff, truncated = cutDiff(string(out), maxDiff)
+	sort.Strings(changed)
+	return changed, diff, truncated, nil
 }
 
-// rewriteNoIndexDiff turns `git diff --no-index a b` output (with empty
-// prefixes, so paths read a/x and b/x) into a diff with a/ and b/ prefixes
-// relative to the checkout root, and lists the changed paths. Changes under
-// .git are dropped.
-func rewriteNoIndexDiff(d string) (string, []string) {
-	var out strings.Builder
-	var changed []string
-	skip := false
-	for _, line := range strings.SplitAfter(d, "\n") {
-		if strings.HasPrefix(line, "diff --git ") {
-			rest := strings.TrimSuffix(strings.TrimPrefix(line, "diff --git "), "\n")
-			// "a/x b/x", "a/x b/x" with x possibly only on one side
-			var path string
-			if i := strings.Index(rest, " b/"); i >= 0 {
-				path = strings.TrimPrefix(rest[i+1:], "b/")
-				if strings.HasPrefix(rest, "a/") {
-					path = strings.TrimPrefix(rest[:i], "a/")
-				}
-			}
-			skip = path == ".git" || strings.HasPrefix(path, ".git/")
-			if !skip {
-				changed = append(changed, path)
-				out.WriteString("diff --git a/" + path + " b/" + path + "\n")
-			}
-			continue
+// hostGitEnv is the environment git runs with on the host for task diffs:
+// no GIT_* variable of the caller (a GIT_DIR or GIT_INDEX_FILE would point
+// it elsewhere), no user or system configuration, C locale.
+func hostGitEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GIT_") {
+			env = append(env, kv)
 		}
-		if skip {
-			continue
-		}
-		out.WriteString(line)
 	}
-	sort.Strings(changed)
-	return out.String(), changed
+	return append(env, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "LC_ALL=C")
+}
+
+// utf8File reports whether the file at p is missing, not a regular file, or
+// holds valid UTF-8.
+func utf8File(p string) bool {
+	info, err := os.Lstat(p)
+	if err != nil || !info.Mode().IsRegular() {
+		return true
+	}
+	data, err := os.ReadFile(p)
+	return err != nil || utf8.Valid(data)
+}
+
+// attrPattern escapes a path for a gitattributes line, which splits on white
+// space and has no quoting in older git: white space becomes [[:space:]] and
+// glob characters are escaped with a backslash.
+func attrPattern(p string) string {
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case strings.IndexByte(" \t\n\v\f\r", c) >= 0:
+			b.WriteString("[[:space:]]")
+		case strings.IndexByte(`*?[]\!#"`, c) >= 0:
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// cutDiff returns d, or when it is longer than max its longest prefix of
+// whole file sections that fits, and whether it cut.
+func cutDiff(d string, max int) (string, bool) {
+	if len(d) <= max {
+		return d, false
+	}
+	cut := strings.LastIndex(d[:max+1], "\ndiff --git ")
+	if cut < 0 {
+		return "", true
+	}
+	return d[:cut+1], true
 }
 
 // tarDir writes dir's contents as a tar under prefix ("workspace/"), every
@@ -422,11 +533,38 @@ func tarDir(w io.Writer, dir, prefix string, uid, gid int) error {
 	return tw.Close()
 }
 
-// untarDir extracts a tar into dir, refusing paths that escape it. strip is
-// a leading path component to drop ("workspace/").
-func untarDir(r io.Reader, dir, strip string) error {
+// extractTree unpacks a tar into dir for comparison: directories, regular
+// files (mode bits kept), symbolic links and hard links. Entry names are
+// taken relative to the archive root after dropping a leading "./" and
+// strip ("workspace/"). Every write goes through an os.Root on dir, so
+// neither a name with ".." nor a symbolic link can make it write outside
+// dir. Entries inside a .git directory, at any depth, are skipped, as are
+// devices, FIFOs and sockets.
+func extractTree(r io.Reader, dir, strip string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	clean := func(name string) (string, bool, error) {
+		name = strings.TrimPrefix(strings.TrimPrefix(name, "./"), strip)
+		name = strings.TrimSuffix(path.Clean("/"+name), "/")
+		name = strings.TrimPrefix(name, "/")
+		if name == "" {
+			return "", false, nil
+		}
+		if !fs.ValidPath(name) {
+			return "", false, fmt.Errorf("tar entry %q: not a path inside the directory", name)
+		}
+		for _, part := range strings.Split(name, "/") {
+			if part == ".git" {
+				return "", false, nil
+			}
+		}
+		return name, true, nil
 	}
 	tr := tar.NewReader(r)
 	for {
@@ -437,39 +575,59 @@ func untarDir(r io.Reader, dir, strip string) error {
 		if err != nil {
 			return err
 		}
-		name := strings.TrimPrefix(strings.TrimPrefix(hdr.Name, "./"), strip)
-		if name == "" || name == "." {
+		name, ok, err := clean(hdr.Name)
+		if err != nil {
+			return err
+		}
+		if !ok {
 			continue
 		}
-		target := filepath.Join(dir, filepath.FromSlash(name))
-		if !within(target, dir) {
-			return fmt.Errorf("tar entry %q escapes the target directory", hdr.Name)
-		}
+		parent := path.Dir(name)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o755); err != nil {
+			if err := root.MkdirAll(name, 0o755); err != nil {
 				return err
 			}
 		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			if err := root.MkdirAll(parent, 0o755); err != nil {
 				return err
 			}
-			f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(hdr.Mode)&0o777|0o200)
+			_ = root.Remove(name)
+			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 			if err != nil {
 				return err
 			}
 			_, err = io.Copy(f, tr)
-			f.Close()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
 			if err != nil {
 				return err
 			}
-			_ = os.Chmod(target, os.FileMode(hdr.Mode)&0o777)
-		case tar.TypeSymlink:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			if err := root.Chmod(name, os.FileMode(hdr.Mode)&0o777|0o600); err != nil {
 				return err
 			}
-			_ = os.Remove(target)
-			if err := os.Symlink(hdr.Linkname, target); err != nil {
+		case tar.TypeSymlink:
+			if err := root.MkdirAll(parent, 0o755); err != nil {
+				return err
+			}
+			_ = root.Remove(name)
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return err
+			}
+		case tar.TypeLink:
+			target, ok, err := clean(hdr.Linkname)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if err := root.MkdirAll(parent, 0o755); err != nil {
+				return err
+			}
+			_ = root.Remove(name)
+			if err := root.Link(target, name); err != nil {
 				return err
 			}
 		}

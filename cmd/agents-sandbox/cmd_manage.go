@@ -267,22 +267,36 @@ func humanBytes(n int64) string {
 }
 
 func newPruneCommand(a *app) *cobra.Command {
-	var age string
+	var age, dir string
 	var dry, volumes, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "prune",
 		Short: "Remove stopped task sandboxes, unused VMs and images, found by our labels only",
-		Args:  cobra.NoArgs,
+		Long: `Remove what agents-sandbox made and no longer needs, on every checkout (or with
+--dir only that checkout's), found by our labels only: stopped task sandboxes and
+running ones whose spawner died, VMs unused for longer than --age (their home
+volumes only with --volumes), runner images no VM uses, and dangling layers of
+our builds. Nothing else on the engine is touched. It prints what it removed
+(or with --dry-run what it would remove) and the space freed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d, err := parseAge(age)
 			if err != nil {
 				return err
 			}
-			m, err := a.manager(cmd.Context())
-			if err != nil {
+			o := sandbox.PruneOptions{Age: d, DryRun: dry, Volumes: volumes}
+			var m *sandbox.Manager
+			if dir != "" {
+				var p *sandbox.Project
+				m, p, err = a.open(cmd.Context(), projectFlags{dir: dir, inspect: true})
+				if err != nil {
+					return err
+				}
+				o.Checkout = p.ID.CheckoutSlug
+			} else if m, err = a.manager(cmd.Context()); err != nil {
 				return err
 			}
-			res, err := m.Prune(cmd.Context(), sandbox.PruneOptions{Age: d, DryRun: dry, Volumes: volumes})
+			res, err := m.Prune(cmd.Context(), o)
 			if err != nil {
 				return err
 			}
@@ -296,13 +310,18 @@ func newPruneCommand(a *app) *cobra.Command {
 			for _, r := range res.Removed {
 				fmt.Fprintf(a.streams.Out, "%s %s %s (%s; %s)\n", verb, r.Kind, r.Name, r.Reason, humanBytes(r.Bytes))
 			}
-			fmt.Fprintf(a.streams.Out, "%d item(s), %s freed\n", len(res.Removed), humanBytes(res.BytesFreed))
+			freed := "freed"
+			if dry {
+				freed = "would be freed"
+			}
+			fmt.Fprintf(a.streams.Out, "%d item(s), %s %s\n", len(res.Removed), humanBytes(res.BytesFreed), freed)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&age, "age", "7d", "remove VMs unused for longer than this")
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "print what would be removed, change nothing")
-	cmd.Flags().BoolVar(&volumes, "volumes", false, "also remove the home volumes of pruned VMs")
+	cmd.Flags().BoolVar(&volumes, "volumes", false, "also remove the home volumes of pruned VMs, and home volumes unused for longer than --age")
+	cmd.Flags().StringVarP(&dir, "dir", "C", "", "only the artifacts of the checkout at this directory (default: every checkout)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
