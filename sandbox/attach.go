@@ -49,6 +49,10 @@ func (m *Manager) ensureDaemon(ctx context.Context, p *Project, vm, user string,
 		return fmt.Errorf("start %s daemon: exit %d: %s", a.Name, r.ExitCode, strings.TrimSpace(stderr.String()))
 	}
 	deadline := time.Now().Add(60 * time.Second)
+	// Poll quickly at first (a daemon is often up within a few hundred
+	// milliseconds, and the restart of an idle VM waits on it), then every
+	// 200 ms.
+	delay := 20 * time.Millisecond
 	for {
 		if m.daemonHealthy(ctx, p, vm, user) {
 			return nil
@@ -60,8 +64,9 @@ func (m *Manager) ensureDaemon(ctx context.Context, p *Project, vm, user string,
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(delay):
 		}
+		delay = min(2*delay, 200*time.Millisecond)
 	}
 }
 

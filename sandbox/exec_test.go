@@ -203,6 +203,17 @@ func TestExec(t *testing.T) {
 		}
 	})
 
+	t.Run("terminal", func(t *testing.T) {
+		resize := make(chan sandbox.TermSize, 1)
+		resize <- sandbox.TermSize{Rows: 41, Cols: 113}
+		var out bytes.Buffer
+		res := run(t, sandbox.ExecOptions{Cmd: sh("tty; stty size; echo err >&2; exit 6"), TTY: true, Resize: resize, Stdout: &out})
+		got := strings.ReplaceAll(res.Stdout.Text, "\r\n", "\n")
+		if res.ExitCode != 6 || !strings.HasPrefix(got, "/dev/pts/") || !strings.Contains(got, "\n41 113\nerr\n") {
+			t.Errorf("with a terminal: exit %d, output %q; want 6, a pts, the size 41 113 and stderr on the terminal", res.ExitCode, res.Stdout.Text)
+		}
+	})
+
 	t.Run("headless attach", func(t *testing.T) {
 		for _, tt := range []struct {
 			args []string

@@ -710,6 +710,7 @@ serve = ["bash", "-c", "echo start >> /home/dev/serve.count; touch /dev/shm/test
 health = ["test", "-e", "/dev/shm/testd.ready"]
 attach = ["bash", "-c", "echo \"attached in $PWD with $# args: $*\"; wc -l < /home/dev/serve.count", "attach"]
 headless = ["bash", "-lc"]
+config = ".config/testd/config.json"
 `
 
 func TestAttachDaemon(t *testing.T) {
@@ -778,6 +779,21 @@ func TestAttachDaemon(t *testing.T) {
 	if got := attach(); !strings.HasSuffix(got, "\n3\n") {
 		t.Errorf("Attach with a dead daemon printed %q, want a third start", got)
 	}
+	// A changed agent config restarts the running daemon; an unchanged one
+	// does not.
+	lcWrite(t, filepath.Join(dir, ".agents-sandbox", "testd", "a.json"), `{"v": 1}`, 0o644)
+	for i, want := range []bool{true, false} {
+		pr, err := e.m.Provision(lcCtx(t), p)
+		if err != nil {
+			t.Fatalf("Provision #%d: %v", i, err)
+		}
+		if pr.DaemonRestarted != want {
+			t.Errorf("Provision #%d: daemon restarted %v, want %v (written %v)", i, pr.DaemonRestarted, want, pr.Written)
+		}
+	}
+	if got, n := strings.TrimSpace(e.sh(t, p, "wc -l < /home/dev/serve.count")), daemons(); got != "4" || n != 1 {
+		t.Errorf("after the config change: %s starts, %d daemons; want 4 and 1", got, n)
+	}
 }
 
 // TestCLI runs the agents-sandbox binary as a subprocess: two racing
@@ -844,6 +860,12 @@ func TestCLI(t *testing.T) {
 	}
 	if stdout.String() != "out\n" || !strings.Contains(stderr.String(), "err\n") {
 		t.Errorf("exec: stdout %q, stderr %q", stdout.String(), stderr.String())
+	}
+
+	start := time.Now()
+	err = cli("exec", "--timeout", "2s", "--", "sleep", "1000").Run()
+	if !errors.As(err, &ee) || ee.ExitCode() != 124 {
+		t.Errorf("exec --timeout 2s -- sleep 1000: %v after %s, want exit code 124", err, time.Since(start))
 	}
 
 	out, err := cli("status", "--json").Output()

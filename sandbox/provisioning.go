@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,11 +114,16 @@ func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm
 	}
 
 	// Remove shadowed configs and stale files first, reporting only what
-	// was there.
+	// was there. It runs as root, but the home is the agent's: a path whose
+	// directory resolves (through a link the agent made) outside /home/dev
+	// is left alone.
 	toRemove := append(append([]string{}, plan.Remove...), remove...)
 	sort.Strings(toRemove)
 	if len(toRemove) > 0 {
-		const script = `for p; do if [ -e "$p" ] || [ -L "$p" ]; then rm -rf -- "$p" && printf '%s\n' "$p" || exit 1; fi; done`
+		const script = `for p; do
+  case "$(readlink -f -- "$(dirname -- "$p")")" in ` + HomeDir + ` | ` + HomeDir + `/*) ;; *) continue ;; esac
+  if [ -e "$p" ] || [ -L "$p" ]; then rm -rf -- "$p" && printf '%s\n' "$p" || exit 1; fi
+done`
 		args := []string{"sh", "-c", script, "sh"}
 		for _, r := range toRemove {
 			args = append(args, HomeDir+"/"+r)
@@ -139,12 +145,21 @@ func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm
 
 	configChanged := false
 	if len(write) > 0 {
+		only := plan.Only(write)
+		warns, err := m.unlinkDirs(ctx, vm, only)
+		if err != nil {
+			return res, err
+		}
+		for _, w := range warns {
+			res.Warnings = append(res.Warnings, w)
+			m.Log.Warn().Str("vm", vm).Msg("provision: " + w)
+		}
 		var buf bytes.Buffer
-		if err := plan.Only(write).Tar(&buf, uid, gid); err != nil {
+		if err := only.Tar(&buf, uid, gid); err != nil {
 			return res, fmt.Errorf("provision: %w", err)
 		}
 		if err := m.RT.CopyTo(ctx, vm, HomeDir, &buf); err != nil {
-			return res, fmt.Errorf("provision: copy files into %s: %w", vm, err)
+			return res, fmt.Errorf("provision: copy files into %s: %w (a path provisioning writes may have another type in the VM: a directory where a file goes, or a file where a directory goes; remove it there)", vm, err)
 		}
 		for _, w := range write {
 			if f, ok := plan.Lookup(w); ok {
@@ -195,6 +210,52 @@ func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm
 		res.DaemonRestarted = true
 	}
 	return res, nil
+}
+
+// unlinkDirs removes symbolic links the agent put where plan has (or
+// implies) a directory, so that copying the plan in makes the directory
+// again: the engine refuses to extract a directory over a link. A link whose
+// own directory resolves outside /home/dev is left alone. It returns a
+// warning for each link removed.
+func (m *Manager) unlinkDirs(ctx context.Context, vm string, plan provision.Plan) ([]string, error) {
+	dirs := map[string]bool{}
+	for _, f := range plan.Files {
+		if f.Dir {
+			dirs[f.Path] = true
+		}
+		for d := path.Dir(f.Path); d != "." && d != "/"; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	if len(dirs) == 0 {
+		return nil, nil
+	}
+	list := make([]string, 0, len(dirs))
+	for d := range dirs {
+		list = append(list, HomeDir+"/"+d)
+	}
+	sort.Strings(list) // parents first
+	const script = `for p; do
+  case "$(readlink -f -- "$(dirname -- "$p")")" in ` + HomeDir + ` | ` + HomeDir + `/*) ;; *) continue ;; esac
+  if [ -L "$p" ]; then t=$(readlink -- "$p"); rm -f -- "$p" && printf '%s\t%s\n' "$p" "$t" || exit 1; fi
+done`
+	var stdout, stderr bytes.Buffer
+	r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: append([]string{"sh", "-c", script, "sh"}, list...), User: "0:0", Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		return nil, fmt.Errorf("provision: check directories: %w", err)
+	}
+	if r.ExitCode != 0 {
+		return nil, fmt.Errorf("provision: check directories: exit %d: %s", r.ExitCode, strings.TrimSpace(stderr.String()))
+	}
+	var warns []string
+	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		p, target, ok := strings.Cut(l, "\t")
+		if !ok {
+			continue
+		}
+		warns = append(warns, fmt.Sprintf("%s was a link to %s in the VM; replaced with the provisioned directory", strings.TrimPrefix(p, HomeDir+"/"), target))
+	}
+	return warns, nil
 }
 
 // userIDs returns the uid and gid of user inside vm.

@@ -211,6 +211,37 @@ func TestProvision(t *testing.T) {
 		t.Errorf("after re-provisioning:\n%s\nwant the stale files gone, the agent's kept, the config changed", got)
 	}
 
+	// The agent swaps a provisioned directory for a link into the host's
+	// checkout; the stale file's removal (as root) does not follow it.
+	lcWrite(t, filepath.Join(dir, "victim", "tool.sh"), "host file\n", 0o644)
+	e.sh(t, p, `rm -rf ~/.config/opencode/extra && ln -s /workspace/victim ~/.config/opencode/extra`)
+	if err := os.Remove(filepath.Join(dir, ".agents-sandbox/testp/extra/tool.sh")); err != nil {
+		t.Fatal(err)
+	}
+	fourth, err := e.m.Provision(lcCtx(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "victim", "tool.sh")); err != nil || string(b) != "host file\n" || slices.Contains(fourth.Removed, ".config/opencode/extra/tool.sh") {
+		t.Errorf("stale removal through a link the agent made: host file %q (%v), removed %q", b, err, fourth.Removed)
+	}
+	// Writing into that directory again replaces the link (the engine would
+	// refuse to extract a directory over it) and writes nothing through it.
+	lcWrite(t, filepath.Join(dir, ".agents-sandbox/testp/extra/new.txt"), "new\n", 0o644)
+	fifth, err := e.m.Provision(lcCtx(t), p)
+	if err != nil {
+		t.Fatalf("Provision over a linked directory: %v", err)
+	}
+	if !slices.ContainsFunc(fifth.Warnings, func(w string) bool { return strings.Contains(w, ".config/opencode/extra was a link to /workspace/victim") }) {
+		t.Errorf("no warning about the replaced link in %q", fifth.Warnings)
+	}
+	if got := e.sh(t, p, `test -d ~/.config/opencode/extra && test ! -L ~/.config/opencode/extra && cat ~/.config/opencode/extra/new.txt`); got != "new\n" {
+		t.Errorf("extra/new.txt in the VM: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "victim", "new.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("provisioning wrote through the agent's link into the checkout: %v", err)
+	}
+
 	// Path escapes are rejected, and nothing of that configuration is
 	// written. Targets that leave /home/dev fail when the config loads.
 	for _, bad := range []string{`"../escape.txt" = "~/.gitconfig"`, `"/etc/escape.txt" = "~/.gitconfig"`, `"a/../../escape.txt" = "~/.gitconfig"`} {
