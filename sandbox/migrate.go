@@ -808,9 +808,11 @@ func (mg *migration) warnings() []string {
 	head := "found the origin-keyed layout of an earlier agents-sandbox (keyed by the remote, " + rep.RepoSlug + ", and shared by every clone of it)"
 	var out []string
 	switch {
+	case len(what) == 0:
+		out = append(out, head+"; what is left of it cannot move into this checkout's own layout by itself:")
 	case rep.DryRun:
 		out = append(out, head+"; the first run that is not a dry run migrates it to this checkout's own layout: it will "+strings.Join(what, "; "))
-	case len(what) > 0:
+	default:
 		out = append(out, head+"; migrated it to this checkout's own layout: "+strings.Join(what, "; "))
 	}
 	out = append(out, mg.notes...)

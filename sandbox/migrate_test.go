@@ -887,6 +887,18 @@ func TestMigrateDryRun(t *testing.T) {
 	lg := e.legacy(t, p, mgLegacySpec{vm: true, state: true, files: map[string]string{"ca/ca.pem": "pem\n", "vm-shell.lock": ""}})
 	mgWrite(t, filepath.Join(p.Names.StateDir, "ca", "ca.pem"), "another\n")
 
+	arts, err := e.m.LegacyArtifacts(e.ctx(t), p.ID.RepoSlug)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, a := range arts {
+		names = append(names, string(a.Kind)+" "+a.Name)
+	}
+	if want := []string{"home " + lg.volume, "vm " + lg.vm}; !reflect.DeepEqual(names, want) {
+		t.Errorf("LegacyArtifacts = %q, want %q", names, want)
+	}
+
 	tree := mgTree(t, e.m.Dirs.State)
 	objects := e.engineObjects(t, p.ID.RepoSlug)
 
@@ -926,6 +938,34 @@ func TestMigrateDryRun(t *testing.T) {
 	real := e.migrate(t, p, false)
 	if got := mgSteps(real); !reflect.DeepEqual(got, wantSteps) || !reflect.DeepEqual(real.Kept, dry.Kept) {
 		t.Errorf("the real migration did %q (kept %+v), the dry run said %q (kept %+v)", got, real.Kept, wantSteps, dry.Kept)
+	}
+
+	// Proxy mode: the plan says the VM's network would be created and the
+	// proxy started, and neither happens.
+	pp, err := e.m.Open(sandbox.OpenOptions{Dir: p.ID.ProjectDir, Flags: map[string]string{"network.mode": "proxy"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, objects = mgTree(t, e.m.Dirs.State), e.engineObjects(t, p.ID.RepoSlug)
+	plan = e.plan(t, pp)
+	if !plan.Proxy.Used || !plan.Proxy.Start || plan.Network == "" || plan.Network == "none" || len(plan.Migration.Actions) != 0 {
+		t.Errorf("proxy-mode plan = %+v", plan)
+	}
+	if !strings.Contains(plan.Warnings[0], "what is left of it cannot move") {
+		t.Errorf("warning with only a conflict left = %q", plan.Warnings[0])
+	}
+	if changes := strings.Join(plan.Changes, "\n"); !strings.Contains(changes, "create network "+plan.Network) || !strings.Contains(changes, "start the secret proxy") {
+		t.Errorf("proxy-mode plan changes:\n%s", changes)
+	}
+	if got := mgTree(t, e.m.Dirs.State); !reflect.DeepEqual(got, tree) {
+		t.Errorf("the proxy-mode plan changed the state tree")
+	}
+	if got := e.engineObjects(t, p.ID.RepoSlug); !reflect.DeepEqual(got, objects) {
+		t.Errorf("the proxy-mode plan changed the engine's objects:\n%s\n---\n%s", strings.Join(objects, "\n"), strings.Join(got, "\n"))
+	}
+	arts, err = e.m.LegacyArtifacts(e.ctx(t), p.ID.RepoSlug)
+	if err != nil || len(arts) != 1 || arts[0].Name != lg.volume {
+		t.Errorf("LegacyArtifacts after the migration = %+v, %v; want only the home volume", arts, err)
 	}
 }
 
@@ -1038,6 +1078,16 @@ func TestMigrateTwoClones(t *testing.T) {
 	}
 	if rep, err := m.MigrateCheckout(e.ctx(t), id, "shell", sandbox.MigrateOptions{}); err != nil || rep.Found || rep.RepoSlug != "" || len(spy.calls) != 0 {
 		t.Errorf("Migrate of a checkout without origin: %+v, %v, engine calls %q", rep, err, spy.calls)
+	}
+
+	objects := e.engineObjects(t, second.ID.RepoSlug)
+	plan := e.plan(t, second)
+	if plan.HomeVolume.Action != sandbox.PlanNew || !strings.HasPrefix(plan.HomeVolume.Name, second.Names.HomeVolumePrefix) ||
+		!strings.Contains(strings.Join(plan.Changes, "\n"), "create volume "+plan.HomeVolume.Name) {
+		t.Errorf("the second clone's plan = %+v", plan)
+	}
+	if got := e.engineObjects(t, second.ID.RepoSlug); !reflect.DeepEqual(got, objects) {
+		t.Errorf("PlanCreate changed the engine's objects:\n%s\n---\n%s", strings.Join(objects, "\n"), strings.Join(got, "\n"))
 	}
 
 	ra, rb := e.create(t, first), e.create(t, second)
