@@ -38,8 +38,8 @@ lint:
         if [ -n "$unformatted" ]; then printf 'gofmt would change:\n%s\n' "$unformatted" >&2; exit 1; fi
     go run {{staticcheck}} ./...
 
-# benchmarks under bench/, if any
-bench:
+# benchmarks under bench/, if any (flags go to the bench program: just bench -rows exec -n-fast 11)
+bench *ARGS:
     #!/usr/bin/env bash
     set -euo pipefail
     if [ ! -d bench ]; then
@@ -47,7 +47,7 @@ bench:
         exit 0
     fi
     if [ "$(go list -f '{{{{.Name}}' ./bench 2>/dev/null)" = main ]; then
-        go run ./bench
+        go run ./bench {{ARGS}}
     fi
     if [ -n "$(find bench -name '*_test.go' -print -quit)" ]; then
         go test -run '^$' -bench . -benchtime 1x ./bench/...
