@@ -180,16 +180,11 @@ const legacyStopTimeout = 10 * time.Second
 // Call it right after Open and before anything that takes the checkout's
 // locks: it takes the checkout's per-agent VM locks itself.
 func (m *Manager) Migrate(ctx context.Context, p *Project, o MigrateOptions) (MigrationReport, error) {
-	rep, _, err := m.migrate(ctx, p.ID, p.Names.Agent, o)
-	if err != nil || o.DryRun || !rep.Found {
-		return rep, err
+	rep, st, err := m.migrate(ctx, p.ID, p.Names.Agent, o)
+	if err == nil && !o.DryRun && st != nil {
+		applyStateSecrets(p, st)
 	}
-	st, err := LoadState(p.Names.StateDir)
-	if err != nil {
-		return rep, err
-	}
-	applyStateSecrets(p, st)
-	return rep, nil
+	return rep, err
 }
 
 // MigrateCheckout migrates the origin-keyed layout of the checkout id into
@@ -252,7 +247,7 @@ func (m *Manager) migrate(ctx context.Context, id Identity, agent string, o Migr
 			return rep, nil, err
 		}
 	}
-	mg := &migration{m: m, l: l, id: id, dir: stateDir, dry: o.DryRun, onStep: o.OnStep, rep: &rep}
+	mg := &migration{m: m, l: l, dir: stateDir, dry: o.DryRun, onStep: o.OnStep, rep: &rep}
 	st, err := mg.run(ctx, agent)
 	rep.Warnings = mg.warnings()
 	return rep, st, err
@@ -282,7 +277,6 @@ func (m *Manager) detectLegacy(ctx context.Context, l OriginLayout, agent string
 type migration struct {
 	m      *Manager
 	l      OriginLayout
-	id     Identity
 	dir    string // the checkout's state dir
 	dry    bool
 	onStep func(MigrationAction)
@@ -343,21 +337,20 @@ func (mg *migration) run(ctx context.Context, agent string) (*State, error) {
 		names = append(names, a)
 	}
 	sort.Strings(names)
+	// The checkout's state is read, changed and written under its VM locks,
+	// as Create does; in sorted order, so two migrations cannot deadlock.
 	mg.locks = map[string]bool{}
 	for _, a := range names {
-		mg.locks[filepath.Base(LockFile(mg.dir, "vm-"+a))] = true
-	}
-
-	if !mg.dry {
-		// The checkout's state is read, changed and written under its VM
-		// locks, as Create does; sorted, so two migrations cannot deadlock.
-		for _, a := range names {
-			lk, err := AcquireLock(ctx, LockFile(mg.dir, "vm-"+a))
-			if err != nil {
-				return nil, fmt.Errorf("migrate: %w", err)
-			}
-			defer lk.Unlock()
+		path := LockFile(mg.dir, "vm-"+a)
+		mg.locks[filepath.Base(path)] = true
+		if mg.dry {
+			continue
 		}
+		lk, err := AcquireLock(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+		defer lk.Unlock()
 	}
 	st, err := LoadState(mg.dir)
 	if err != nil {
