@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/agents-sandbox/agents-sandbox/sandbox/provision"
 )
@@ -190,6 +191,7 @@ done`
 			var out bytes.Buffer
 			w := &lineWriter{fn: progress}
 			r, err := m.execIn(ctx, vm, u, Workspace, ExecOptions{Cmd: []string{h.Path}, Stdout: w, Stderr: w, OutputCap: 64 << 10})
+			w.Flush()
 			hr.ExitCode = r.ExitCode
 			out.WriteString(r.Stdout.Text)
 			out.WriteString(r.Stderr.Text)
@@ -277,8 +279,11 @@ func (m *Manager) userIDs(ctx context.Context, vm, user string) (int, int, error
 	return uid, gid, nil
 }
 
-// lineWriter sends whole lines to a ProgressFunc.
+// lineWriter sends whole lines to a ProgressFunc; Flush sends a last line
+// that has no newline. It is safe for concurrent writers (stdout and
+// stderr of one command).
 type lineWriter struct {
+	mu  sync.Mutex
 	fn  ProgressFunc
 	buf []byte
 }
@@ -287,6 +292,8 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	if w.fn == nil {
 		return len(p), nil
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.buf = append(w.buf, p...)
 	for {
 		i := bytes.IndexByte(w.buf, '\n')
@@ -297,4 +304,14 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.buf = w.buf[i+1:]
 	}
 	return len(p), nil
+}
+
+// Flush sends what is left after the last newline.
+func (w *lineWriter) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fn != nil && len(w.buf) > 0 {
+		w.fn(string(w.buf))
+	}
+	w.buf = nil
 }

@@ -266,7 +266,7 @@ func TestProvision(t *testing.T) {
 	// A failing startup hook fails Create with its output.
 	lcWrite(t, filepath.Join(dir, ".agents-sandbox", "config.toml"), cfg, 0o644)
 	lcWrite(t, filepath.Join(dir, ".agents-sandbox/testp/30-project.json"), `{"project": "changed"}`, 0o644)
-	lcWrite(t, h("setup.sh"), "#!/bin/sh\necho 'about to fail'\necho 'hook failing loudly' >&2\nexit 3\n", 0o755)
+	lcWrite(t, h("setup.sh"), "#!/bin/sh\necho 'about to fail'\nprintf 'hook failing loudly' >&2 # no newline\nexit 3\n", 0o755)
 	p = e.open(t, dir, nil)
 	if _, err := e.m.Stop(lcCtx(t), p, 10*time.Second); err != nil {
 		t.Fatal(err)
