@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 
@@ -38,10 +39,7 @@ run migrates the shared layout; the others find nothing left to migrate.
 			if err != nil {
 				return err
 			}
-			rep, err := m.Migrate(cmd.Context(), p, sandbox.MigrateOptions{DryRun: dryRun})
-			for _, w := range rep.Warnings {
-				fmt.Fprintf(a.streams.Err, "agents-sandbox: warning: %s\n", w)
-			}
+			rep, err := a.migrateFirst(cmd.Context(), m, p, dryRun)
 			if err != nil {
 				return err
 			}
@@ -56,6 +54,17 @@ run migrates the shared layout; the others find nothing left to migrate.
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be done and change nothing")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
+}
+
+// migrateFirst runs the migration from the origin-keyed layout for p (a
+// dry run with dryRun) and prints its warnings on stderr, never prompting.
+// Every project command calls it right after opening the project.
+func (a *app) migrateFirst(ctx context.Context, m *sandbox.Manager, p *sandbox.Project, dryRun bool) (sandbox.MigrationReport, error) {
+	rep, err := m.Migrate(ctx, p, sandbox.MigrateOptions{DryRun: dryRun})
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(a.streams.Err, "agents-sandbox: warning: %s\n", w)
+	}
+	return rep, err
 }
 
 // printMigration prints a migration report for people, one action a line.
