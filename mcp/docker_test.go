@@ -3,6 +3,7 @@ package mcp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,11 +106,26 @@ func (p *project) cleanup() {
 		if _, err := p.m.Remove(ctx, pr, true); err != nil {
 			fmt.Fprintf(os.Stderr, "cleanup: remove sandbox: %v\n", err)
 		}
-		if _, err := p.m.Prune(ctx, sandbox.PruneOptions{Checkout: pr.ID.CheckoutSlug, Volumes: true}); err != nil {
-			fmt.Fprintf(os.Stderr, "cleanup: prune: %v\n", err)
-		}
+		removeRunnerImages(ctx, p.m.RT, pr.ID.CheckoutSlug)
 	}
 	os.RemoveAll(p.root)
+}
+
+// removeRunnerImages removes the runner images of one checkout (found by
+// its labels; Prune keeps images younger than ten minutes).
+func removeRunnerImages(ctx context.Context, rt sandbox.Runtime, slug string) {
+	imgs, err := rt.ListImages(ctx, map[string]string{sandbox.LabelCheckout: slug, sandbox.LabelKind: string(sandbox.KindRunner)})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cleanup: list images: %v\n", err)
+		return
+	}
+	for _, img := range imgs {
+		for _, ref := range append(append([]string{}, img.Tags...), img.ID) {
+			if err := rt.RemoveImage(ctx, ref); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+				fmt.Fprintf(os.Stderr, "cleanup: remove image %s: %v\n", ref, err)
+			}
+		}
+	}
 }
 
 // decode re-encodes v (a result's structured content) into out.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,14 +14,13 @@ import (
 	"github.com/agents-sandbox/agents-sandbox/mcp"
 	"github.com/agents-sandbox/agents-sandbox/sandbox"
 	"github.com/agents-sandbox/agents-sandbox/sandbox/docker"
+	"github.com/agents-sandbox/agents-sandbox/schemas"
 	"github.com/agents-sandbox/agents-sandbox/tools"
 )
 
-// schemaFromDisk reads a schema file of the repository (the same bytes
-// package schemas embeds).
-func schemaFromDisk(name string) ([]byte, error) {
-	return os.ReadFile(filepath.Join("..", "schemas", filepath.Base(name)))
-}
+// schemaFromDisk returns a schema as package schemas embeds it (what the
+// binary serves).
+func schemaFromDisk(name string) ([]byte, error) { return schemas.Get(name) }
 
 func testLogger(t testing.TB) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)

@@ -3,7 +3,6 @@ package tools_test
 import (
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/agents-sandbox/agents-sandbox/sandbox"
+	"github.com/agents-sandbox/agents-sandbox/schemas"
 	"github.com/agents-sandbox/agents-sandbox/tools"
 )
 
@@ -25,7 +25,7 @@ func registry(t *testing.T) *tools.Registry {
 
 func readSchema(t *testing.T, name string) map[string]any {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "schemas", name))
+	raw, err := schemas.Get(name)
 	if err != nil {
 		t.Fatalf("schema %s: %v", name, err)
 	}
@@ -74,15 +74,17 @@ func TestSchemaFilesBelongToTools(t *testing.T) {
 	for _, tool := range registry(t).Tools() {
 		names[tool.InputSchema], names[tool.OutputSchema] = true, true
 	}
-	files, err := filepath.Glob(filepath.Join("..", "schemas", "*.*put.json"))
-	if err != nil {
-		t.Fatal(err)
+	var files []string
+	for _, f := range schemas.Names() {
+		if strings.HasSuffix(f, ".input.json") || strings.HasSuffix(f, ".output.json") {
+			files = append(files, f)
+		}
 	}
 	if len(files) != len(names) {
-		t.Errorf("%d tool schema files, %d expected", len(files), len(names))
+		t.Errorf("%d tool schema files embedded, %d expected", len(files), len(names))
 	}
 	for _, f := range files {
-		if !names[filepath.Base(f)] {
+		if !names[f] {
 			t.Errorf("%s belongs to no tool", f)
 		}
 	}
@@ -92,7 +94,7 @@ func TestSchemasCompileAndFollowTheRules(t *testing.T) {
 	for _, tool := range registry(t).Tools() {
 		for _, name := range []string{tool.InputSchema, tool.OutputSchema} {
 			t.Run(name, func(t *testing.T) {
-				raw, err := os.ReadFile(filepath.Join("..", "schemas", name))
+				raw, err := schemas.Get(name)
 				if err != nil {
 					t.Fatal(err)
 				}
