@@ -9,6 +9,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -67,6 +68,13 @@ func (e *tkEnv) objects(t *testing.T, sets ...map[string]string) []string {
 		for _, v := range vols {
 			seen["volume "+v.Name] = true
 		}
+		nets, err := e.rt.ListNetworks(ctx, labels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nets {
+			seen["network "+n.Name] = true
+		}
 		imgs, err := e.rt.ListImages(ctx, labels)
 		if err != nil {
 			t.Fatal(err)
@@ -91,7 +99,7 @@ func (e *tkEnv) objects(t *testing.T, sets ...map[string]string) []string {
 }
 
 // pruned indexes a prune result by "kind name".
-func pruned(res sandbox.PruneResult) map[string]sandbox.Pruned {
+func tkPruned(res sandbox.PruneResult) map[string]sandbox.Pruned {
 	out := map[string]sandbox.Pruned{}
 	for _, r := range res.Removed {
 		out[string(r.Kind)+" "+r.Name] = r
@@ -99,7 +107,7 @@ func pruned(res sandbox.PruneResult) map[string]sandbox.Pruned {
 	return out
 }
 
-func keys[V any](m map[string]V) []string {
+func tkKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
@@ -170,7 +178,7 @@ func TestPruneLabelledLeftovers(t *testing.T) {
 	}
 	unchanged("Prune with DryRun")
 	wantDry := []string{"home " + cr.HomeVolume, "runner " + p.Names.RunnerImage, "runner " + spare, "task " + kept.Name, "vm " + p.Names.VM}
-	if got := keys(pruned(dry)); !dry.DryRun || !slices.Equal(got, wantDry) {
+	if got := tkKeys(tkPruned(dry)); !dry.DryRun || !slices.Equal(got, wantDry) {
 		t.Errorf("dry run (dry %v) lists %q, want %q", dry.DryRun, got, wantDry)
 	}
 	e.m.Now = time.Now
@@ -187,9 +195,9 @@ func TestPruneLabelledLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := pruned(res)
-	if want := []string{"runner dangling build layers", "task " + kept.Name}; !slices.Equal(keys(got), want) {
-		t.Errorf("prune removed %q, want %q", keys(got), want)
+	got := tkPruned(res)
+	if want := []string{"runner dangling build layers", "task " + kept.Name}; !slices.Equal(tkKeys(got), want) {
+		t.Errorf("prune removed %q, want %q", tkKeys(got), want)
 	}
 	if d := got["runner dangling build layers"]; d.Bytes <= 0 || res.BytesFreed != d.Bytes {
 		t.Errorf("dangling layers freed %d bytes, total %d; want > 0 and equal", d.Bytes, res.BytesFreed)
@@ -205,9 +213,9 @@ func TestPruneLabelledLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got = pruned(res)
-	if want := []string{"runner " + p.Names.RunnerImage, "runner " + spare, "vm " + p.Names.VM}; !slices.Equal(keys(got), want) {
-		t.Errorf("prune an hour later removed %q, want %q", keys(got), want)
+	got = tkPruned(res)
+	if want := []string{"runner " + p.Names.RunnerImage, "runner " + spare, "vm " + p.Names.VM}; !slices.Equal(tkKeys(got), want) {
+		t.Errorf("prune an hour later removed %q, want %q", tkKeys(got), want)
 	}
 	if vm := got["vm "+p.Names.VM]; !strings.HasPrefix(vm.Reason, "unused since ") {
 		t.Errorf("VM reason %q", vm.Reason)
@@ -226,7 +234,7 @@ func TestPruneLabelledLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got = pruned(res)
+	got = tkPruned(res)
 	if vol, ok := got["home "+cr.HomeVolume]; !ok || len(got) != 1 || !strings.HasPrefix(vol.Reason, "home volume unused since ") {
 		t.Errorf("prune --volumes removed %+v, want the home volume %s", res.Removed, cr.HomeVolume)
 	}
@@ -261,7 +269,11 @@ func TestPruneLabelledLeftovers(t *testing.T) {
 func TestPruneVMWithVolume(t *testing.T) {
 	t.Parallel()
 	e := newTK(t)
-	p := e.open(t, e.checkout(t, "prunevm", nil), "")
+	dir := e.checkout(t, "prunevm", nil)
+	// In proxy mode the VM has a proxy container and a network of its own,
+	// which go with it.
+	tkWrite(t, filepath.Join(dir, ".agents-sandbox", "config.toml"), "agent = \"shell\"\n[network]\nmode = \"proxy\"\n", 0o644)
+	p := e.open(t, dir, "")
 	ctx := tkCtx(t)
 	cr := e.create(t, p)
 	later := time.Now().Add(2 * time.Hour)
@@ -290,8 +302,8 @@ func TestPruneVMWithVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"home " + cr.HomeVolume, "runner " + p.Names.RunnerImage, "vm " + p.Names.VM}
-	if got := pruned(res); !slices.Equal(keys(got), want) || got["home "+cr.HomeVolume].Reason != "home volume of a pruned VM" {
+	want := []string{"home " + cr.HomeVolume, "network " + p.Names.VM + "-net", "proxy " + p.Names.VM + "-proxy", "runner " + p.Names.RunnerImage, "vm " + p.Names.VM}
+	if got := tkPruned(res); !slices.Equal(tkKeys(got), want) || got["home "+cr.HomeVolume].Reason != "home volume of a pruned VM" {
 		t.Errorf("prune removed %+v, want %q", res.Removed, want)
 	}
 	if left := e.objects(t, map[string]string{sandbox.LabelCheckout: p.ID.CheckoutSlug}); len(left) > 0 {
@@ -353,7 +365,7 @@ func TestPruneTaskWhoseSpawnerDied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := pruned(res)["task "+task.Name]; ok {
+	if _, ok := tkPruned(res)["task "+task.Name]; ok {
 		t.Fatalf("prune removed the running task of a live spawner: %+v", res.Removed)
 	}
 
@@ -371,7 +383,7 @@ func TestPruneTaskWhoseSpawnerDied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, ok := pruned(res)["task "+task.Name]
+	r, ok := tkPruned(res)["task "+task.Name]
 	if !ok || !strings.Contains(r.Reason, "spawner (pid "+fmt.Sprint(cmd.Process.Pid)+") is gone") {
 		t.Errorf("prune after the spawner died: %+v, want the task removed for its dead spawner", res.Removed)
 	}

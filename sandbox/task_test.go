@@ -629,7 +629,7 @@ func TestTaskCopyIsolation(t *testing.T) {
 	}
 	// The two files that are not UTF-8 text travel as binary patches, so the
 	// diff is valid UTF-8 and survives JSON.
-	if !strings.Contains(res.Diff, "GIT binary patch") || !utf8Valid(res.Diff) {
+	if !strings.Contains(res.Diff, "GIT binary patch") || !tkUTF8Valid(res.Diff) {
 		t.Errorf("want binary patches and a valid UTF-8 diff; diff:\n%q", res.Diff)
 	}
 
@@ -651,7 +651,7 @@ func TestTaskCopyIsolation(t *testing.T) {
 	}
 }
 
-func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
+func tkUTF8Valid(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
 
 func TestTaskWorkspaceModes(t *testing.T) {
 	t.Parallel()
@@ -844,5 +844,52 @@ func TestTaskHome(t *testing.T) {
 	}
 	if len(vols) != 1 || vols[0].Name != cr.HomeVolume {
 		t.Errorf("volumes of the checkout: %+v, want only %s", vols, cr.HomeVolume)
+	}
+}
+
+func TestTaskEgress(t *testing.T) {
+	t.Parallel()
+	e := newTK(t)
+	dir := e.checkout(t, "egress", nil)
+	tkWrite(t, filepath.Join(dir, ".agents-sandbox", "config.toml"), "agent = \"shell\"\n[network]\nmode = \"proxy\"\n"+
+		"[secrets.TK_TOKEN]\nfrom = \"env:TK_TOKEN\"\nhosts = [\"api.example.invalid\"]\n", 0o644)
+	const secret = "tk-secret-value-5d1c"
+	e.m.Environ = append(e.m.Environ, "TK_TOKEN="+secret)
+	p := e.open(t, dir, "")
+
+	// The task gets the project's placeholder and proxy, and the proxy is
+	// its only way out.
+	res := e.spawn(t, p, sandbox.TaskOptions{
+		Cmd:       []string{"sh", "-c", `echo "TK_TOKEN=$TK_TOKEN"; curl -sS --noproxy '*' --max-time 10 http://proxy:3128/healthz`},
+		Keep:      true,
+		Workspace: sandbox.WorkspaceNone,
+	})
+	st, err := sandbox.LoadState(p.Names.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := st.Agents[p.Names.Agent]
+	if as == nil || as.Placeholders["TK_TOKEN"] == "" {
+		t.Fatalf("no placeholder for TK_TOKEN in state: %+v", as)
+	}
+	want := "TK_TOKEN=" + as.Placeholders["TK_TOKEN"] + "\nok\n"
+	if res.ExitCode != 0 || res.Stdout.Text != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want %q", res.ExitCode, res.Stdout.Text, res.Stderr.Text, want)
+	}
+	if strings.Contains(res.Stdout.Text+res.Stderr.Text, secret) {
+		t.Error("the task saw the secret's value")
+	}
+	vm, err := e.rt.InspectVM(tkCtx(t), res.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := p.Names.VM + "-net"
+	if _, ok := vm.Networks[net]; !ok || len(vm.Networks) != 1 {
+		t.Errorf("task networks %v, want only the project's %s", vm.Networks, net)
+	}
+	for _, mt := range vm.Mounts {
+		if mt.Target == sandbox.HomeDir {
+			t.Errorf("a fresh-home task mounts %+v on /home/dev", mt)
+		}
 	}
 }
