@@ -756,30 +756,14 @@ func TestMigrateCannotMove(t *testing.T) {
 	}
 }
 
-var mgHelper struct {
-	once sync.Once
-	path string
-	err  error
-	out  []byte
-}
-
-// mgHelperPath builds testdata/migratehelper once per test process.
+// mgHelperPath builds testdata/migratehelper into a directory of the test.
 func mgHelperPath(t *testing.T) string {
 	t.Helper()
-	mgHelper.once.Do(func() {
-		dir, err := os.MkdirTemp("", "agents-sandbox-migratehelper-*")
-		if err != nil {
-			mgHelper.err = err
-			return
-		}
-		mgHelper.path = filepath.Join(dir, "migratehelper")
-		cmd := exec.Command("go", "build", "-o", mgHelper.path, "./testdata/migratehelper")
-		mgHelper.out, mgHelper.err = cmd.CombinedOutput()
-	})
-	if mgHelper.err != nil {
-		t.Fatalf("build migratehelper: %v\n%s", mgHelper.err, mgHelper.out)
+	path := filepath.Join(t.TempDir(), "migratehelper")
+	if out, err := exec.Command("go", "build", "-o", path, "./testdata/migratehelper").CombinedOutput(); err != nil {
+		t.Fatalf("build migratehelper: %v\n%s", err, out)
 	}
-	return mgHelper.path
+	return path
 }
 
 // TestMigrateKilledBetweenSteps: a migration process killed (SIGKILL) right
