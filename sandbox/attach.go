@@ -76,10 +76,11 @@ func daemonSession(p *Project) string { return "daemon-" + p.Names.Agent }
 // until it has ended, so that its id can be used again.
 func (m *Manager) stopDaemon(ctx context.Context, p *Project, vm string) error {
 	id := daemonSession(p)
-	if !m.sessionAlive(ctx, vm, id) {
+	if err := m.killSession(ctx, vm, id); err != nil {
+		// No live session (the usual case), or one that cannot be
+		// killed: starting the new daemon then fails and says so.
 		return nil
 	}
-	_ = m.killSession(ctx, vm, id)
 	deadline := time.Now().Add(10 * time.Second)
 	for m.sessionAlive(ctx, vm, id) {
 		if time.Now().After(deadline) {
