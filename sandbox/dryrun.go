@@ -298,8 +298,9 @@ func describeMigration(a MigrationAction, legacyDir string) string {
 var errDryRun = errors.New("dry run: nothing is changed")
 
 // dryRuntime answers reads from the real runtime and records changes
-// instead of making them. Creating a volume or a network, and connecting a
-// network, "succeed" (so that the code planned can go on); every other
+// instead of making them. Creating a volume or a network, connecting a
+// network and removing a VM or a network "succeed" (so that the code planned
+// can go on); every other
 // change fails with errDryRun. It is what PlanCreate runs Create's own
 // steps against, not a test double.
 type dryRuntime struct {
@@ -384,7 +385,10 @@ func (d *dryRuntime) KillVM(_ context.Context, name string) error {
 	return d.refuse("kill VM %s", name)
 }
 func (d *dryRuntime) RemoveVM(_ context.Context, name string, _ bool) error {
-	return d.refuse("remove VM %s", name)
+	// Recorded, not refused: a removal is followed by a create that the
+	// plan reports.
+	d.record("remove VM %s", name)
+	return nil
 }
 func (d *dryRuntime) InspectVM(ctx context.Context, name string) (VM, error) {
 	return d.rt.InspectVM(ctx, name)
@@ -416,7 +420,8 @@ func (d *dryNetRuntime) ListNetworks(ctx context.Context, labels map[string]stri
 	return d.nw.ListNetworks(ctx, labels)
 }
 func (d *dryNetRuntime) RemoveNetwork(_ context.Context, name string) error {
-	return d.refuse("remove network %s", name)
+	d.record("remove network %s", name)
+	return nil
 }
 func (d *dryNetRuntime) ConnectNetwork(_ context.Context, network, vm string, _ []string) error {
 	d.record("connect VM %s to network %s", vm, network)

@@ -127,7 +127,7 @@ func (m *Manager) Open(opts OpenOptions) (*Project, error) {
 	}
 	p := &Project{ID: id, Config: lc.Config, Origins: lc.Origins, Agent: agent, Names: id.Names(agent.Name, m.Dirs)}
 	if !opts.SkipTrust {
-		if err := m.checkTrust(p, opts.Trust); err != nil {
+		if err := m.CheckTrust(p, opts.Trust); err != nil {
 			return nil, err
 		}
 	}

@@ -90,9 +90,11 @@ func projectTrust(projectFile string) (hash string, keys []string, err error) {
 	return hex.EncodeToString(sum[:]), keys, nil
 }
 
-// checkTrust refuses a project layer whose sensitive part changed since the
-// user last trusted it, unless trust is set, which records it.
-func (m *Manager) checkTrust(p *Project, trust bool) error {
+// CheckTrust refuses (ErrUntrusted) a checkout whose own configuration sets
+// secrets, home mappings, mounts or wider egress that changed since the user
+// last trusted them, unless trust is set, which records the current content
+// as trusted in the checkout's state. Open calls it unless SkipTrust.
+func (m *Manager) CheckTrust(p *Project, trust bool) error {
 	file := SourcesFor(p.ID, m.Dirs, nil, nil).ProjectFile
 	hash, keys, err := projectTrust(file)
 	if err != nil {

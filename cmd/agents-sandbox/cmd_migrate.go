@@ -34,7 +34,7 @@ run migrates the shared layout; the others find nothing left to migrate.
 --dry-run reports what the migration would do and changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f.inspect = true
+			f.inspect, f.noMigrate = true, true
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err

@@ -26,6 +26,10 @@ type projectFlags struct {
 	// inspect marks commands that only look at or stop things: they skip
 	// the project-configuration trust check.
 	inspect bool
+	// dryRun: change nothing (migration reports what it would do).
+	dryRun bool
+	// noMigrate: the command runs the migration itself.
+	noMigrate bool
 }
 
 func (f *projectFlags) register(cmd *cobra.Command) {
@@ -74,9 +78,21 @@ func (a *app) open(ctx context.Context, f projectFlags) (*sandbox.Manager, *sand
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := m.Open(sandbox.OpenOptions{Dir: dir, Agent: f.agent, Flags: flags, Trust: f.trust, SkipTrust: f.inspect})
+	// Trust is checked after the migration: the trusted hash may still be
+	// in the legacy state.
+	p, err := m.Open(sandbox.OpenOptions{Dir: dir, Agent: f.agent, Flags: flags, SkipTrust: true})
 	if err != nil {
 		return nil, nil, err
+	}
+	if !f.noMigrate {
+		if _, err := a.migrateFirst(ctx, m, p, f.dryRun); err != nil {
+			return nil, nil, err
+		}
+	}
+	if !f.inspect && !f.dryRun {
+		if err := m.CheckTrust(p, f.trust); err != nil {
+			return nil, nil, err
+		}
 	}
 	return m, p, nil
 }
@@ -143,6 +159,9 @@ the VM, provision the agent's config, and attach the agent in the directory unde
 			if err != nil {
 				return err
 			}
+			if f.dryRun {
+				return a.printPlan(cmd.Context(), m, p, rebuild, false)
+			}
 			if _, err := a.create(cmd.Context(), m, p, rebuild); err != nil {
 				return err
 			}
@@ -151,7 +170,30 @@ the VM, provision the agent's config, and attach the agent in the directory unde
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "build the image even when nothing changed")
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "print what the run would do (migration included) and change nothing")
 	return cmd
+}
+
+// printPlan prints what Create would do, changing nothing.
+func (a *app) printPlan(ctx context.Context, m *sandbox.Manager, p *sandbox.Project, rebuild, asJSON bool) error {
+	plan, err := m.PlanCreate(ctx, p, sandbox.CreateOptions{Rebuild: rebuild})
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(a.streams.Out, plan)
+	}
+	fmt.Fprintf(a.streams.Out, "dry run for %s (agent %s): nothing was changed\n", p.ID.ProjectDir, p.Names.Agent)
+	if len(plan.Changes) == 0 {
+		fmt.Fprintln(a.streams.Out, "  nothing to do: everything is up to date")
+	}
+	for _, c := range plan.Changes {
+		fmt.Fprintf(a.streams.Out, "  - %s\n", c)
+	}
+	for _, w := range plan.Warnings {
+		fmt.Fprintf(a.streams.Err, "agents-sandbox: warning: %s\n", w)
+	}
+	return nil
 }
 
 func (a *app) create(ctx context.Context, m *sandbox.Manager, p *sandbox.Project, rebuild bool) (sandbox.CreateResult, error) {
@@ -180,6 +222,9 @@ func newCreateCommand(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if f.dryRun {
+				return a.printPlan(cmd.Context(), m, p, rebuild, asJSON)
+			}
 			res, err := a.create(cmd.Context(), m, p, rebuild)
 			if err != nil {
 				return err
@@ -195,6 +240,7 @@ func newCreateCommand(a *app) *cobra.Command {
 	f.register(cmd)
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "build the image even when nothing changed")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "print what create would do (migration included) and change nothing")
 	return cmd
 }
 
