@@ -136,6 +136,13 @@ func TestExec(t *testing.T) {
 		}
 		t.Logf("timeout of 2 s returned after %s", took.Round(10*time.Millisecond))
 		e.noProcess(t, p, "sleep 1000")
+		// Processes that left the group (setsid) go too.
+		res = run(t, sandbox.ExecOptions{Cmd: sh("setsid sleep 1004 >/dev/null 2>&1 & sleep 1000"), Timeout: 1 * time.Second})
+		if res.ExitCode != 124 {
+			t.Errorf("setsid case: exit %d, want 124", res.ExitCode)
+		}
+		e.noProcess(t, p, "sleep 1000")
+		e.noProcess(t, p, "sleep 1004")
 		if res := run(t, sandbox.ExecOptions{Cmd: sh("echo next")}); res.ExitCode != 0 || res.Stdout.Text != "next\n" {
 			t.Errorf("the exec after the timeout: %+v", res)
 		}
@@ -191,11 +198,12 @@ func TestExec(t *testing.T) {
 			return len(left) == 0, strings.Join(left, ", ")
 		})
 		// Orphans that outlive a short command are killed with it.
-		res = run(t, sandbox.ExecOptions{Cmd: sh(`for i in $(seq 20); do sh -c 'sleep 1003 >/dev/null 2>&1 &'; done`)})
+		res = run(t, sandbox.ExecOptions{Cmd: sh(`for i in $(seq 20); do sh -c 'sleep 1003 >/dev/null 2>&1 &'; done; setsid sleep 1005 >/dev/null 2>&1 &`)})
 		if res.ExitCode != 0 {
 			t.Fatalf("spawning long orphans: %+v", res)
 		}
 		e.noProcess(t, p, "sleep 1003")
+		e.noProcess(t, p, "sleep 1005")
 		for _, pr := range e.procs(t, p) {
 			if pr.State == 'Z' {
 				t.Errorf("zombie %d (%s)", pr.PID, pr.Cmd)
