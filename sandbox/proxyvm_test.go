@@ -883,6 +883,48 @@ func TestProxyVMPolicy(t *testing.T) {
 	}
 }
 
+// TestProxyVMModeSwitch: the VM's network follows network.mode. In open
+// mode (with secrets) the VM's network is an ordinary bridge beside the
+// proxy; switched to proxy mode, that network is replaced by an internal
+// one without a host address, not reused with its route out.
+func TestProxyVMModeSwitch(t *testing.T) {
+	t.Parallel()
+	x := newPX(t)
+	dir := x.checkout(t, "pxswitch", x.config("open", ""), nil)
+	p := x.open(t, dir, nil)
+	x.create(t, p, sandbox.CreateOptions{})
+	netName := p.Names.VM + "-net"
+	ctx := lcCtx(t)
+	nw, err := x.rt.InspectNetwork(ctx, netName)
+	if err != nil || nw.Internal || nw.NoHostAccess {
+		t.Fatalf("open mode: network %+v, %v; want an ordinary bridge", nw, err)
+	}
+	if c := x.curl(t, p, `-H "Authorization: Bearer $TOK" "https://`+x.up.host+`/echo?id=open"`); c.Code != 200 {
+		t.Errorf("open mode: request through the proxy: %+v", c)
+	}
+
+	lcWrite(t, filepath.Join(dir, ".agents-sandbox", "config.toml"), x.config("proxy", ""), 0o644)
+	p = x.open(t, dir, nil)
+	res := x.create(t, p, sandbox.CreateOptions{})
+	if res.Action == sandbox.VMReused || res.Action == sandbox.VMStarted {
+		t.Errorf("switch to proxy mode: the VM was %s, want a new one", res.Action)
+	}
+	nw, err = x.rt.InspectNetwork(ctx, netName)
+	if err != nil || !nw.Internal || !nw.NoHostAccess {
+		t.Errorf("proxy mode after open mode: network %+v, %v; want internal without a host address", nw, err)
+	}
+	vm, err := x.rt.InspectVM(ctx, p.Names.VM)
+	if err != nil || len(vm.Networks) != 1 || vm.Networks[netName] == "" {
+		t.Errorf("the VM's networks after the switch: %v, %v", vm.Networks, err)
+	}
+	if c := x.curl(t, p, `-H "Authorization: Bearer $TOK" "https://`+x.up.host+`/echo?id=proxy"`); c.Code != 200 {
+		t.Errorf("proxy mode: request through the proxy: %+v", c)
+	}
+	if r := x.up.requests(t, "request", "proxy"); len(r) != 1 || !slices.Equal(r[0].Headers["Authorization"], []string{"Bearer " + x.values["TOK"]}) {
+		t.Errorf("the upstream got %+v after the switch", r)
+	}
+}
+
 // TestProxyVMLargeDownload streams 1 GiB through the proxy and watches the
 // proxy container's memory.
 func TestProxyVMLargeDownload(t *testing.T) {
