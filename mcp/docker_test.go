@@ -54,14 +54,34 @@ func dockerProject(t *testing.T) *project {
 	if bin == "" {
 		bin = testbin.Path(t)
 	}
-	shared.once.Do(func() { shared.p, shared.err = newProject(t, base, bin) })
+	shared.once.Do(func() { shared.p, shared.err = newProject(t, base, bin, "") })
 	if shared.err != nil {
 		t.Fatal(shared.err)
 	}
 	return shared.p
 }
 
-func newProject(t *testing.T, base, bin string) (*project, error) {
+// ownProject is a project of one test with its own Dockerfile, removed when
+// the test ends.
+func ownProject(t *testing.T, dockerfile string) *project {
+	t.Helper()
+	testenv.RequireDocker(t)
+	base := testenv.BaseImage(t)
+	bin := os.Getenv("AGENTS_SANDBOX_BIN")
+	if bin == "" {
+		bin = testbin.Path(t)
+	}
+	p, err := newProject(t, base, bin, dockerfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.cleanup)
+	return p
+}
+
+// newProject makes a checkout (agent shell, network mode open, trusted)
+// with dockerfile as its .agents-sandbox/Dockerfile when not empty.
+func newProject(t *testing.T, base, bin, dockerfile string) (*project, error) {
 	root, err := os.MkdirTemp("", "agents-sandbox-mcp-test-")
 	if err != nil {
 		return nil, err
@@ -74,6 +94,11 @@ func newProject(t *testing.T, base, bin string) (*project, error) {
 	cfg := fmt.Sprintf("agent = \"shell\"\nidle_timeout = \"0\"\n[image]\nbase = %q\n[network]\nmode = \"open\"\n", base)
 	if err := os.WriteFile(filepath.Join(dir, ".agents-sandbox", "config.toml"), []byte(cfg), 0o644); err != nil {
 		return nil, err
+	}
+	if dockerfile != "" {
+		if err := os.WriteFile(filepath.Join(dir, ".agents-sandbox", "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	gittest.Commit(t, dir, "README.md", "hello\n", "initial")
 	dirs := sandbox.Dirs{Config: filepath.Join(root, "config"), State: filepath.Join(root, "state"), Cache: filepath.Join(root, "cache")}

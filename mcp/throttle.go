@@ -86,14 +86,24 @@ func (t *throttle) fire() {
 	t.sendMu.Lock()
 	defer t.sendMu.Unlock()
 	t.mu.Lock()
+	if wait := t.interval - time.Since(t.last); wait > 0 && !t.last.IsZero() && !t.closed {
+		// Scheduled while the previous send was still running: keep the
+		// interval from that send's end.
+		t.timer = time.AfterFunc(wait, t.fire)
+		t.mu.Unlock()
+		return
+	}
 	t.timer = nil
 	p, ok := t.takeLocked()
-	t.last = time.Now()
 	t.mu.Unlock()
 	if !ok {
 		return
 	}
-	if err := t.send(p); err != nil {
+	err := t.send(p)
+	t.mu.Lock()
+	t.last = time.Now() // the interval runs from the end of a send
+	t.mu.Unlock()
+	if err != nil {
 		t.mu.Lock()
 		// Put it back in front of anything newer and retry later.
 		if t.pending == nil {
