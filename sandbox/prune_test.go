@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -114,6 +115,25 @@ func tkKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// tkSyncBuffer is a bytes.Buffer a child process writes to while the test
+// reads it.
+type tkSyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *tkSyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *tkSyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func TestPruneLabelledLeftovers(t *testing.T) {
@@ -325,7 +345,7 @@ func TestPruneTaskWhoseSpawnerDied(t *testing.T) {
 	e.warm(t)
 
 	cmd := e.cliCmd(t, dir, "task", "--workspace", "none", "--", "sleep", "1000")
-	var stderr bytes.Buffer
+	var stderr tkSyncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
