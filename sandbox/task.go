@@ -49,20 +49,32 @@ const (
 
 // TaskOptions is one task sandbox run.
 type TaskOptions struct {
-	// Cmd is the command to run. When empty, the agent's headless command
-	// runs with AgentArgs appended.
+	// Cmd is the command to run, in the caller's place under /workspace.
+	// When empty, the agent's headless command runs with AgentArgs appended
+	// (for a `sh -c`-style headless command, AgentArgs joined with spaces
+	// become its script).
 	Cmd       []string
 	AgentArgs []string
-	Env       map[string]string
-	Timeout   time.Duration // 0: no timeout
+	// Env is set for the command, over the project's configured env.
+	Env map[string]string
+	// Timeout bounds the command (not the image build or the sandbox's
+	// start): when it passes, the command's whole process group is killed,
+	// ExitCode is 124 and TimedOut is set. 0: no timeout.
+	Timeout   time.Duration
 	Workspace WorkspaceMode // default copy
 	Home      HomeMode      // default fresh
-	Keep      bool          // keep the sandbox afterwards (stopped)
+	// Keep leaves the sandbox behind, stopped, for inspection; `prune`
+	// removes it.
+	Keep bool
+	// OutputCap bounds the bytes kept of each of stdout and stderr
+	// (DefaultOutputCap when 0); the rest is counted, not kept.
 	OutputCap int
 	Resources *Resources // nil: the project's
-	Stdout    io.Writer  // optional live copy of stdout
-	Stderr    io.Writer
-	Progress  ProgressFunc
+	// Stdout and Stderr, when set, also receive the full streams as they
+	// come.
+	Stdout, Stderr io.Writer
+	// Progress receives image build output; may be nil.
+	Progress ProgressFunc
 }
 
 // TaskResult is how a task ended. Diff and Changed are set for copy
@@ -92,9 +104,22 @@ type TaskResult struct {
 const maxDiff = 8 << 20
 
 // SpawnTask runs one command in a new, short-lived sandbox made from the
-// checkout's runner image, then removes it (unless Keep). It never touches
-// the project VM or its home volume (unless Home is readonly). It is safe to
-// call concurrently: every task gets its own name.
+// checkout's runner image (built first if needed), named
+// `<checkout-slug>-<agent>-<unix-nanos>` and labelled kind=task with the
+// spawning process's pid and host, then removes it (unless Keep). The task
+// gets the project VM's env, mounts, network policy, proxy and secret
+// placeholders, but never the project VM itself nor its home volume (unless
+// Home is readonly, which mounts that volume read-only). A copy workspace is
+// a snapshot of the checkout taken before the task starts; the host
+// checkout is only read.
+//
+// It is safe to call concurrently, also from several processes: every task
+// gets its own name and its own copy. A non-zero exit is a result, not an
+// error. Errors: ErrInvalid for bad options or no command; ErrNotFound for
+// Home readonly without a project home volume; image build, engine and
+// diff failures, wrapped with the step. When ctx ends, the command is
+// killed (ExitCode 130) and the sandbox removed (stopped with Keep); the
+// error is ctx's.
 func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (TaskResult, error) {
 	res := TaskResult{Workspace: string(o.Workspace)}
 	if o.Workspace == "" {
