@@ -21,8 +21,9 @@ import (
 
 // The secret proxy runs in a container beside the VM, from an image holding
 // only the agents-sandbox binary and the host's CA bundle. In proxy mode the
-// VM sits on an internal network whose only other member is the proxy; the
-// proxy also sits on the shared egress network, its only way out.
+// VM sits on an internal network whose only other member is the proxy and on
+// which the host has no address (so the VM reaches no host service either);
+// the proxy also sits on the shared egress network, its only way out.
 const (
 	// EgressNetwork is the shared network proxies reach the outside from.
 	EgressNetwork = "agents-sandbox-egress"
