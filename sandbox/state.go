@@ -31,6 +31,66 @@ type State struct {
 	TrustedProjectConfig string `json:"trusted_project_config,omitempty"`
 	// UpdatedAt is when the file was last written (UTC).
 	UpdatedAt time.Time `json:"updated_at"`
+
+	// base is what was loaded, for the three-way merge in SaveState.
+	base *stateParts
+}
+
+// stateParts are the independently merged parts of a State, each as JSON.
+type stateParts struct {
+	agents  map[string]string
+	secrets map[string]string
+	trust   string
+}
+
+func partsOf(s *State) *stateParts {
+	p := &stateParts{agents: map[string]string{}, secrets: map[string]string{}, trust: s.TrustedProjectConfig}
+	for k, v := range s.Agents {
+		if v != nil {
+			b, _ := json.Marshal(v)
+			p.agents[k] = string(b)
+		}
+	}
+	for k, v := range s.Secrets {
+		b, _ := json.Marshal(v)
+		p.secrets[k] = string(b)
+	}
+	return p
+}
+
+// merge3 returns the parts of ours where ours changed them since base, and
+// the parts of disk everywhere else, so that concurrent writers of different
+// agents, secrets or the trust hash never lose each other's updates.
+func merge3(base, ours, disk *stateParts) *stateParts {
+	out := &stateParts{agents: map[string]string{}, secrets: map[string]string{}}
+	pick := func(baseM, oursM, diskM, outM map[string]string) {
+		keys := map[string]bool{}
+		for _, m := range []map[string]string{baseM, oursM, diskM} {
+			for k := range m {
+				keys[k] = true
+			}
+		}
+		for k := range keys {
+			b, bok := baseM[k]
+			o, ook := oursM[k]
+			if ook != bok || o != b {
+				if ook {
+					outM[k] = o
+				}
+				continue
+			}
+			if d, ok := diskM[k]; ok {
+				outM[k] = d
+			}
+		}
+	}
+	pick(base.agents, ours.agents, disk.agents, out.agents)
+	pick(base.secrets, ours.secrets, disk.secrets, out.secrets)
+	out.trust = disk.trust
+	if ours.trust != base.trust {
+		out.trust = ours.trust
+	}
+	return out
 }
 
 // AgentState is the state of one agent's VM in a checkout.
@@ -60,7 +120,9 @@ func LoadState(stateDir string) (*State, error) {
 	path := StateFile(stateDir)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return &State{Version: StateVersion, Agents: map[string]*AgentState{}}, nil
+		st := &State{Version: StateVersion, Agents: map[string]*AgentState{}}
+		st.base = partsOf(st)
+		return st, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read state %q: %w", path, err)
@@ -78,6 +140,7 @@ func LoadState(stateDir string) (*State, error) {
 	if s.Agents == nil {
 		s.Agents = map[string]*AgentState{}
 	}
+	s.base = partsOf(&s)
 	return &s, nil
 }
 
@@ -97,14 +160,65 @@ func (s *State) Agent(agent string) *AgentState {
 // SaveState writes s to stateDir atomically: a temp file in the same
 // directory, fsync, rename, fsync of the directory. A crash at any point
 // leaves either the old file or the new one, never a mix.
+//
+// Writers of one checkout's state may overlap (Create of one agent, a
+// secret set through the tools, provisioning): under the state lock,
+// SaveState re-reads the file and merges three ways, per agent, per secret
+// and for the trust hash, keeping what s changed since it was loaded and
+// what the file holds everywhere else. s is updated to the merged result.
 func SaveState(stateDir string, s *State) error {
+	lock, err := AcquireLock(context.Background(), LockFile(stateDir, "state"))
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	defer lock.Unlock()
+	if s.base != nil {
+		disk, err := LoadState(stateDir)
+		if err != nil {
+			return err
+		}
+		merged := merge3(s.base, partsOf(s), disk.base)
+		agents := map[string]*AgentState{}
+		for k, v := range merged.agents {
+			var a AgentState
+			if err := json.Unmarshal([]byte(v), &a); err != nil {
+				return fmt.Errorf("merge state: %w", err)
+			}
+			agents[k] = &a
+		}
+		// Keep the caller's pointers for the agents it holds.
+		for k, a := range agents {
+			if cur := s.Agents[k]; cur != nil {
+				*cur = *a
+				agents[k] = cur
+			}
+		}
+		s.Agents = agents
+		var secrets map[string]SecretConfig
+		if len(merged.secrets) > 0 {
+			secrets = map[string]SecretConfig{}
+			for k, v := range merged.secrets {
+				var sc SecretConfig
+				if err := json.Unmarshal([]byte(v), &sc); err != nil {
+					return fmt.Errorf("merge state: %w", err)
+				}
+				secrets[k] = sc
+			}
+		}
+		s.Secrets = secrets
+		s.TrustedProjectConfig = merged.trust
+	}
 	s.Version = StateVersion
 	s.UpdatedAt = time.Now().UTC()
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
-	return WriteFileAtomic(StateFile(stateDir), append(data, '\n'), 0o600)
+	if err := WriteFileAtomic(StateFile(stateDir), append(data, '\n'), 0o600); err != nil {
+		return err
+	}
+	s.base = partsOf(s)
+	return nil
 }
 
 // WriteFileAtomic writes data to path via a temp file in the same directory
