@@ -104,7 +104,7 @@ func (s *RPCServer) ListenUnix(ctx context.Context, path string, ready func()) e
 	if err := clearStaleSocket(path); err != nil {
 		return err
 	}
-	tmpDir, err := os.MkdirTemp(filepath.Dir(path), ".agents-sandbox-sock-*")
+	tmpDir, err := os.MkdirTemp(filepath.Dir(path), ".as-*") // short: socket paths are limited to 107 bytes
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", path, err)
 	}

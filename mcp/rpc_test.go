@@ -65,6 +65,8 @@ func TestRPCErrors(t *testing.T) {
 		{"bad enum", `{"jsonrpc":"2.0","id":1,"method":"sandbox_list","params":{"kind":"image"}}`, -32602, "invalid_params", "/kind", "/kind"},
 		{"params not an object", `{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":["/tmp"]}`, -32602, "invalid_params", "", "object"},
 		{"secret set without hosts", `{"jsonrpc":"2.0","id":1,"method":"secret_proxy","params":{"checkout":"/tmp","action":"set","name":"T","from":"env:T"}}`, -32602, "invalid_params", "/hosts", "hosts"},
+		{"secret from a command", `{"jsonrpc":"2.0","id":1,"method":"secret_proxy","params":{"checkout":"/tmp","action":"set","name":"T","from":"command:cat /etc/passwd","hosts":["x.example"]}}`, -32602, "invalid_params", "/from", "/from"},
+		{"remove unknown secret", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"secret_proxy","params":{"checkout":%q,"action":"remove","name":"NOPE"}}`, dir), -32001, "not_found", "-", "NOPE"},
 		{"checkout missing", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q}}`, filepath.Join(dir, "nope")), -32001, "not_found", "-", "does not exist"},
 		{"checkout is a file", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q}}`, file), -32602, "invalid_params", "/checkout", "not a directory"},
 		{"unknown agent", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"sandbox_status","params":{"checkout":%q,"agent":"nosuchagent"}}`, dir), -32602, "invalid_params", "/agent", "unknown agent"},

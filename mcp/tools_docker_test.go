@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -180,6 +182,22 @@ func TestToolsDocker(t *testing.T) {
 			fe.call(t, "secret_proxy", with(map[string]any{"action": "audit", "limit": 5}), &sp)
 			if len(sp.Audit) != 0 {
 				t.Errorf("secret_proxy audit: %+v", sp)
+			}
+			tokenFile := filepath.Join(t.TempDir(), "token")
+			if err := os.WriteFile(tokenFile, []byte("s3cret-value-never-shown"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			fe.call(t, "secret_proxy", with(map[string]any{"action": "set", "name": "API_TOKEN", "from": "file:" + tokenFile, "hosts": []string{"api.example.com"}}), &sp)
+			if !sp.Changed || len(sp.Secrets) != 1 || sp.Secrets[0].Name != "API_TOKEN" || sp.Secrets[0].Layer != "state" || sp.Secrets[0].From != "file:"+tokenFile {
+				t.Errorf("secret_proxy set: %+v", sp)
+			}
+			fe.call(t, "secret_proxy", with(map[string]any{"action": "list"}), &sp)
+			if b, _ := json.Marshal(sp); len(sp.Secrets) != 1 || strings.Contains(string(b), "s3cret-value") {
+				t.Errorf("secret_proxy list: %s", b)
+			}
+			fe.call(t, "secret_proxy", with(map[string]any{"action": "remove", "name": "API_TOKEN"}), &sp)
+			if !sp.Changed || len(sp.Secrets) != 0 {
+				t.Errorf("secret_proxy remove: %+v", sp)
 			}
 
 			fe.call(t, "sandbox_stop", with(map[string]any{"timeout_seconds": 2}), &st)
