@@ -470,3 +470,22 @@ func checkStatic(bin string) error {
 	}
 	return nil
 }
+
+// Build makes sure the project's runner image is current (building it when
+// its content hash changed, or always with rebuild) under the same lock
+// Create uses, and reports what it did.
+func (m *Manager) Build(ctx context.Context, p *Project, rebuild bool, progress ProgressFunc) (ImageResult, error) {
+	if err := m.checkOCIRuntime(ctx, p); err != nil {
+		return ImageResult{}, err
+	}
+	plan, err := PlanImage(p.ID, p.Config, p.Agent, m.HostUID, m.HostGID)
+	if err != nil {
+		return ImageResult{}, err
+	}
+	lock, err := AcquireLock(ctx, LockFile(p.Names.StateDir, "image-"+p.Names.Agent))
+	if err != nil {
+		return ImageResult{}, fmt.Errorf("image %s: %w", p.Names.RunnerImage, err)
+	}
+	defer lock.Unlock()
+	return EnsureImage(ctx, m.RT, p.ID, p.Names, plan, rebuild, progress)
+}

@@ -21,12 +21,8 @@ func newBuildCommand(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			plan, err := sandbox.PlanImage(p.ID, p.Config, p.Agent, m.HostUID, m.HostGID)
-			if err != nil {
-				return err
-			}
 			prog, done := a.progress()
-			res, err := sandbox.EnsureImage(cmd.Context(), m.RT, p.ID, p.Names, plan, rebuild, prog)
+			res, err := m.Build(cmd.Context(), p, rebuild, prog)
 			done()
 			if err != nil {
 				return err
