@@ -72,7 +72,11 @@ func newDoctorCommand(a *app) *cobra.Command {
 
 func (a *app) doctor(ctx context.Context) []check {
 	var out []check
-	out = append(out, a.checkEngine(ctx))
+	engine, version := a.checkEngine(ctx)
+	out = append(out, engine)
+	if version != "" {
+		out = append(out, checkEngineDNS(version))
+	}
 
 	if path, err := exec.LookPath("git"); err != nil {
 		out = append(out, check{Name: "git", Detail: "git not found on PATH", Fix: "install git (apt-get install git, brew install git)"})
@@ -111,7 +115,25 @@ func (a *app) doctor(ctx context.Context) []check {
 	return out
 }
 
-func (a *app) checkEngine(ctx context.Context) check {
+// checkEngineDNS warns about engines whose embedded DNS forwards queries
+// from internal networks through the host (CVE-2024-29018, fixed in
+// 23.0.11, 25.0.4 and 26.0.0): a VM in proxy mode could then leak data in
+// DNS queries.
+func checkEngineDNS(version string) check {
+	c := check{Name: "engine DNS", Optional: true}
+	var maj, min, patch int
+	fmt.Sscanf(version, "%d.%d.%d", &maj, &min, &patch)
+	fixed := maj >= 26 || (maj == 25 && (min > 0 || patch >= 4)) || (maj == 23 && (min > 0 || patch >= 11))
+	if fixed {
+		c.OK, c.Detail = true, "Docker "+version+" does not forward DNS from internal networks through the host"
+		return c
+	}
+	c.Detail = "Docker " + version + " forwards DNS queries from internal networks through the host (CVE-2024-29018): a VM in proxy mode could leak data in DNS names"
+	c.Fix = "upgrade the Docker engine to 26.0 or later (or 25.0.4+, 23.0.11+)"
+	return c
+}
+
+func (a *app) checkEngine(ctx context.Context) (check, string) {
 	c := check{Name: "docker engine"}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -119,15 +141,15 @@ func (a *app) checkEngine(ctx context.Context) check {
 	if err != nil {
 		c.Detail = err.Error()
 		c.Fix = "install Docker (apt-get install docker.io) and start it (systemctl start docker, or dockerd &); check DOCKER_HOST and that you may use its socket (docker group)"
-		return c
+		return c, ""
 	}
 	info, err := rt.Info(ctx)
 	if err != nil {
 		c.Detail = err.Error()
 		c.Fix = "start the Docker engine (systemctl start docker, or dockerd &); check DOCKER_HOST and the socket's permissions"
-		return c
+		return c, ""
 	}
 	c.OK = true
 	c.Detail = fmt.Sprintf("Docker %s, API %s, %s/%s, storage %s, OCI runtimes %s", info.Version, info.APIVersion, info.OS, info.Arch, info.StorageDriver, strings.Join(info.OCIRuntimes, ","))
-	return c
+	return c, info.Version
 }
