@@ -86,14 +86,20 @@ func TestConcurrentCallsDocker(t *testing.T) {
 			start := time.Now()
 			var wg sync.WaitGroup
 			outs := make([]tools.ExecOutput, n)
+			errs := make([]error, n)
 			for i := 0; i < n; i++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					fe.call(t, "sandbox_exec", map[string]any{"checkout": p.dir, "cmd": []string{"bash", "-c", fmt.Sprintf("sleep 1; echo %d", i)}}, &outs[i])
+					errs[i] = fe.try("sandbox_exec", map[string]any{"checkout": p.dir, "cmd": []string{"bash", "-c", fmt.Sprintf("sleep 1; echo %d", i)}}, &outs[i])
 				}()
 			}
 			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
 			took := time.Since(start)
 			for i, o := range outs {
 				if o.Stdout.Text != fmt.Sprintf("%d\n", i) {

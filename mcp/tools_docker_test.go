@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,31 +79,48 @@ func (c *rpcClient) call(ctx context.Context, id string, method string, params, 
 // frontEnd calls a tool through one front end and decodes its output.
 type frontEnd struct {
 	name string
-	call func(t *testing.T, tool string, args map[string]any, out any)
+	// try calls tool; it is safe from any goroutine.
+	try func(tool string, args map[string]any, out any) error
+}
+
+// call is try that fails the test on error (from the test's goroutine).
+func (fe frontEnd) call(t *testing.T, tool string, args map[string]any, out any) {
+	t.Helper()
+	if err := fe.try(tool, args, out); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func frontEnds(t *testing.T, o mcp.Options) []frontEnd {
 	mc := inProcessClient(t, o)
 	rc := newRPCClient(t, o)
-	var n int
+	var n atomic.Int64
 	return []frontEnd{
-		{"mcp", func(t *testing.T, tool string, args map[string]any, out any) {
-			t.Helper()
-			res := callTool(t, mc, tool, args)
+		{"mcp", func(tool string, args map[string]any, out any) error {
+			req := mcpgo.CallToolRequest{}
+			req.Params.Name = tool
+			req.Params.Arguments = args
+			res, err := mc.CallTool(context.Background(), req)
+			if err != nil {
+				return fmt.Errorf("%s: %w", tool, err)
+			}
 			if res.IsError {
-				t.Fatalf("%s: isError: %s", tool, resultText(res))
+				return fmt.Errorf("%s: isError: %s", tool, resultText(res))
 			}
-			if resultText(res) == "" {
-				t.Errorf("%s: no text content", tool)
+			if len(res.Content) == 0 || resultText(res) == "" {
+				return fmt.Errorf("%s: no text content", tool)
 			}
-			decode(t, res.StructuredContent, out)
+			b, err := json.Marshal(res.StructuredContent)
+			if err != nil {
+				return err
+			}
+			return json.Unmarshal(b, out)
 		}},
-		{"jsonrpc", func(t *testing.T, tool string, args map[string]any, out any) {
-			t.Helper()
-			n++
-			if err := rc.call(context.Background(), fmt.Sprintf("r%d", n), tool, args, out); err != nil {
-				t.Fatalf("%s: %v", tool, err)
+		{"jsonrpc", func(tool string, args map[string]any, out any) error {
+			if err := rc.call(context.Background(), fmt.Sprintf("r%d", n.Add(1)), tool, args, out); err != nil {
+				return fmt.Errorf("%s: %w", tool, err)
 			}
+			return nil
 		}},
 	}
 }
