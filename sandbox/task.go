@@ -313,7 +313,12 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 			return res, err
 		}
 	}
-	er, err := m.execIn(ctx, name, img.User, workdirFor(p), ExecOptions{Cmd: cmd, Env: o.Env, Timeout: o.Timeout, OutputCap: o.OutputCap, Stdout: o.Stdout, Stderr: o.Stderr})
+	// The caller's place in the checkout; an empty workspace has none.
+	dir := workdirFor(p)
+	if o.Workspace == WorkspaceNone {
+		dir = Workspace
+	}
+	er, err := m.execIn(ctx, name, img.User, dir, ExecOptions{Cmd: cmd, Env: o.Env, Timeout: o.Timeout, OutputCap: o.OutputCap, Stdout: o.Stdout, Stderr: o.Stderr})
 	res.ExitCode, res.Stdout, res.Stderr, res.TimedOut, res.DurationMS = er.ExitCode, er.Stdout, er.Stderr, er.TimedOut, er.DurationMS
 	if err != nil {
 		return res, err

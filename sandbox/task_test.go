@@ -689,6 +689,26 @@ func TestTaskWorkspaceModes(t *testing.T) {
 		}
 		tkSameSnapshot(t, "the host checkout", before, tkSnapshot(t, dir))
 	})
+	t.Run("from a subdirectory", func(t *testing.T) {
+		tkWrite(t, filepath.Join(dir, "sub", "deep", "here.txt"), "here\n", 0o644)
+		ps, err := e.m.Open(sandbox.OpenOptions{Dir: filepath.Join(dir, "sub", "deep")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tt := range []struct {
+			ws   sandbox.WorkspaceMode
+			want string
+		}{
+			{sandbox.WorkspaceCopy, "/workspace/sub/deep here.txt\n"},
+			{sandbox.WorkspaceMount, "/workspace/sub/deep here.txt\n"},
+			{sandbox.WorkspaceNone, "/workspace \n"},
+		} {
+			res := e.spawn(t, ps, sandbox.TaskOptions{Cmd: []string{"sh", "-c", `echo "$(pwd) $(ls)"`}, Workspace: tt.ws})
+			if res.ExitCode != 0 || res.Stdout.Text != tt.want {
+				t.Errorf("%s from sub/deep: exit %d, stdout %q, stderr %q; want %q", tt.ws, res.ExitCode, res.Stdout.Text, res.Stderr.Text, tt.want)
+			}
+		}
+	})
 	t.Run("invalid", func(t *testing.T) {
 		for _, o := range []sandbox.TaskOptions{
 			{Cmd: []string{"true"}, Workspace: "shared"},
