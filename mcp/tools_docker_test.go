@@ -1,6 +1,7 @@
 package mcp_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,9 +14,11 @@ import (
 	"time"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/sourcegraph/jsonrpc2"
 
 	"github.com/agents-sandbox/agents-sandbox/mcp"
+	"github.com/agents-sandbox/agents-sandbox/schemas"
 	"github.com/agents-sandbox/agents-sandbox/tools"
 )
 
@@ -91,6 +94,26 @@ func (fe frontEnd) call(t *testing.T, tool string, args map[string]any, out any)
 	}
 }
 
+// checkOutput validates a tool's output (as JSON) against its output schema.
+func checkOutput(tool string, out []byte) error {
+	raw, err := schemas.Get(tool + ".output.json")
+	if err != nil {
+		return err
+	}
+	s, err := mcp.CompileSchema(tool+".output.json", raw)
+	if err != nil {
+		return err
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(out))
+	if err != nil {
+		return err
+	}
+	if err := s.Validate(inst); err != nil {
+		return fmt.Errorf("%s: output does not match its schema: %w\n%s", tool, err, out)
+	}
+	return nil
+}
+
 func frontEnds(t *testing.T, o mcp.Options) []frontEnd {
 	mc := inProcessClient(t, o)
 	rc := newRPCClient(t, o)
@@ -114,13 +137,20 @@ func frontEnds(t *testing.T, o mcp.Options) []frontEnd {
 			if err != nil {
 				return err
 			}
+			if err := checkOutput(tool, b); err != nil {
+				return err
+			}
 			return json.Unmarshal(b, out)
 		}},
 		{"jsonrpc", func(tool string, args map[string]any, out any) error {
-			if err := rc.call(context.Background(), fmt.Sprintf("r%d", n.Add(1)), tool, args, out); err != nil {
+			var raw json.RawMessage
+			if err := rc.call(context.Background(), fmt.Sprintf("r%d", n.Add(1)), tool, args, &raw); err != nil {
 				return fmt.Errorf("%s: %w", tool, err)
 			}
-			return nil
+			if err := checkOutput(tool, raw); err != nil {
+				return err
+			}
+			return json.Unmarshal(raw, out)
 		}},
 	}
 }

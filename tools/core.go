@@ -162,6 +162,7 @@ func (h *handlers) openWith(tool string, t Target, inspect bool) (*sandbox.Proje
 		}
 		return nil, fmt.Errorf("open project %q: %w", t.Checkout, err)
 	}
+	h.Log.Debug().Str("tool", tool).Str("checkout", p.ID.CheckoutSlug).Str("agent", p.Names.Agent).Bool("trust", t.Trust).Msg("project opened")
 	return p, nil
 }
 
