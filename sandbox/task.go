@@ -109,9 +109,10 @@ const maxDiff = 8 << 20
 // spawning process's pid and host, then removes it (unless Keep). The task
 // gets the project VM's env, mounts, network policy, proxy and secret
 // placeholders, but never the project VM itself nor its home volume (unless
-// Home is readonly, which mounts that volume read-only). A copy workspace is
-// a snapshot of the checkout taken before the task starts; the host
-// checkout is only read.
+// Home is readonly, which mounts that volume read-only); a fresh home is
+// provisioned like the VM's (agent config, [home] mappings; no startup
+// hooks). A copy workspace is a snapshot of the checkout taken before the
+// task starts; the host checkout is only read.
 //
 // It is safe to call concurrently, also from several processes: every task
 // gets its own name and its own copy. A non-zero exit is a result, not an
@@ -313,6 +314,11 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 			return res, err
 		}
 	}
+	if o.Home != HomeReadOnly {
+		if err := m.provisionTask(ctx, p, name, img.User); err != nil {
+			return res, err
+		}
+	}
 	// The caller's place in the checkout; an empty workspace has none.
 	dir := workdirFor(p)
 	if o.Workspace == WorkspaceNone {
@@ -339,6 +345,48 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 		res.Changed, res.Diff, res.DiffTruncated = changed, diff, trunc
 	}
 	return res, ctx.Err()
+}
+
+// provisionTask gives a task's fresh home what provisioning gives the
+// project VM's: the agent's merged config and the [home] mappings. Startup
+// hooks do not run in tasks.
+func (m *Manager) provisionTask(ctx context.Context, p *Project, vm, user string) error {
+	plan, err := m.provisionPlan(p)
+	if err != nil {
+		return err
+	}
+	for _, w := range plan.Warnings {
+		m.Log.Warn().Str("task", vm).Msg("provision: " + w.String())
+	}
+	if len(plan.Files) == 0 && len(plan.Remove) == 0 {
+		return nil
+	}
+	if len(plan.Remove) > 0 {
+		args := []string{"rm", "-rf", "--"}
+		for _, r := range plan.Remove {
+			args = append(args, HomeDir+"/"+r)
+		}
+		var stderr bytes.Buffer
+		r, err := m.RT.Exec(ctx, vm, ExecRequest{Cmd: args, User: "0:0", Stderr: &stderr})
+		if err != nil {
+			return fmt.Errorf("provision task %q: remove shadowing files: %w", vm, err)
+		}
+		if r.ExitCode != 0 {
+			return fmt.Errorf("provision task %q: remove shadowing files: exit %d: %s", vm, r.ExitCode, strings.TrimSpace(stderr.String()))
+		}
+	}
+	uid, gid, err := m.userIDs(ctx, vm, user)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := plan.Tar(&buf, uid, gid); err != nil {
+		return fmt.Errorf("provision task %q: %w", vm, err)
+	}
+	if err := m.RT.CopyTo(ctx, vm, HomeDir, &buf); err != nil {
+		return fmt.Errorf("provision task %q: copy files in: %w", vm, err)
+	}
+	return nil
 }
 
 // taskDiff compares the task's /workspace with the snapshot it started from.

@@ -822,7 +822,12 @@ func TestTaskKeep(t *testing.T) {
 func TestTaskHome(t *testing.T) {
 	t.Parallel()
 	e := newTK(t)
-	p := e.open(t, e.checkout(t, "home", nil), "")
+	dir := e.checkout(t, "home", nil)
+	// A [home] mapping: provisioned into the VM's home and a task's fresh one.
+	rc := filepath.Join(e.home, "tkrc")
+	tkWrite(t, rc, "from the host\n", 0o600)
+	tkWrite(t, filepath.Join(dir, ".agents-sandbox", "config.toml"), fmt.Sprintf("%s[home]\n\".tkrc\" = %q\n", tkConfig, rc), 0o644)
+	p := e.open(t, dir, "")
 
 	// Without a project VM there is no home to mount read-only.
 	if _, err := e.m.SpawnTask(tkCtx(t), p, sandbox.TaskOptions{Cmd: []string{"true"}, Home: sandbox.HomeReadOnly, Workspace: sandbox.WorkspaceNone}); !errors.Is(err, sandbox.ErrNotFound) {
@@ -833,11 +838,14 @@ func TestTaskHome(t *testing.T) {
 	e.sh(t, p, "echo vm > ~/marker")
 
 	res := e.spawn(t, p, sandbox.TaskOptions{
-		Cmd:       []string{"sh", "-c", `test "$HOME" = /home/dev && test ! -e ~/marker && echo task > ~/task-file && cat /proc/mounts`},
+		Cmd:       []string{"sh", "-c", `test "$HOME" = /home/dev && test ! -e ~/marker && echo task > ~/task-file && cat ~/.tkrc && cat /proc/mounts`},
 		Workspace: sandbox.WorkspaceNone,
 	})
 	if res.ExitCode != 0 {
 		t.Errorf("fresh home: exit %d, stderr %q (the task must not see the VM's home)", res.ExitCode, res.Stderr.Text)
+	}
+	if !strings.HasPrefix(res.Stdout.Text, "from the host\n") {
+		t.Errorf("the fresh home lacks the [home] mapping: stdout %q", res.Stdout.Text)
 	}
 	if strings.Contains(res.Stdout.Text, " /home/dev ") {
 		t.Errorf("a fresh-home task has a mount on /home/dev:\n%s", res.Stdout.Text)
