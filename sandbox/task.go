@@ -220,6 +220,12 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 				if as == nil || as.HomeVolume == "" {
 					return res, fmt.Errorf("home readonly: %w: the project VM has no home volume yet; create it first", ErrNotFound)
 				}
+				// The engine would make a missing volume, empty, on mount.
+				if _, err := m.RT.InspectVolume(ctx, as.HomeVolume); isNotFound(err) {
+					return res, fmt.Errorf("home readonly: the project VM's home volume %q: %w; create the VM again", as.HomeVolume, ErrNotFound)
+				} else if err != nil {
+					return res, fmt.Errorf("home readonly: inspect home volume %q: %w", as.HomeVolume, err)
+				}
 				mounts = append(mounts, MountSpec{Type: "volume", Source: as.HomeVolume, Target: HomeDir, ReadOnly: true, NoCopy: true})
 			}
 		default:

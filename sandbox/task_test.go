@@ -873,6 +873,22 @@ func TestTaskHome(t *testing.T) {
 	if len(vols) != 1 || vols[0].Name != cr.HomeVolume {
 		t.Errorf("volumes of the checkout: %+v, want only %s", vols, cr.HomeVolume)
 	}
+
+	// A home volume the state records but the engine lost is an error, and
+	// the engine does not make an empty one in its place.
+	ctx := tkCtx(t)
+	if _, err := e.m.Remove(ctx, p, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.RemoveVolume(ctx, cr.HomeVolume); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.SpawnTask(ctx, p, sandbox.TaskOptions{Cmd: []string{"true"}, Home: sandbox.HomeReadOnly, Workspace: sandbox.WorkspaceNone}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("home readonly with the volume gone: %v, want ErrNotFound", err)
+	}
+	if _, err := e.rt.InspectVolume(ctx, cr.HomeVolume); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("the lost home volume %s: %v, want it still gone", cr.HomeVolume, err)
+	}
 }
 
 func TestTaskEgress(t *testing.T) {
