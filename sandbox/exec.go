@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -148,10 +147,7 @@ func (m *Manager) execIn(ctx context.Context, vm, defUser, defDir string, o Exec
 	}
 	cmd = append(cmd, "--")
 	cmd = append(cmd, o.Cmd...)
-	var env []string
-	for _, kv := range sortedKV(o.Env) {
-		env = append(env, kv)
-	}
+	env := sortedKV(o.Env)
 
 	stdout := &capWriter{cap: capN, tee: o.Stdout}
 	stderr := &capWriter{cap: capN, tee: o.Stderr}
@@ -270,5 +266,3 @@ func (m *Manager) runningVM(ctx context.Context, p *Project) (string, string, er
 
 // labelUser records on the VM the user commands run as.
 const labelUser = "org.agents-sandbox.user"
-
-var errExitNonZero = errors.New("non-zero exit")

@@ -270,5 +270,3 @@ func (m *Manager) lastUsed(vm VM) time.Time {
 }
 
 func kindOf(labels map[string]string) Kind { return Kind(labels[LabelKind]) }
-
-func trimLegacy(name string) string { return strings.TrimPrefix(name, LegacyPrefix) }

@@ -9,8 +9,6 @@ import (
 	"os"
 	"path"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -214,14 +212,6 @@ func sortedKV(m map[string]string) []string {
 	return out
 }
 
-// vmUser is the user commands run as: "dev" when the image has one.
-func vmUser(hasDev bool, imageUser string) string {
-	if hasDev {
-		return "dev"
-	}
-	return imageUser
-}
-
 // workdirFor maps the caller's directory to the same place under /workspace.
 func workdirFor(p *Project) string {
 	if p.ID.RelDir == "" || p.ID.RelDir == "." {
@@ -232,15 +222,3 @@ func workdirFor(p *Project) string {
 
 // isNotFound reports whether err wraps ErrNotFound.
 func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
-
-func itoa(i int) string { return strconv.Itoa(i) }
-
-func joinNonEmpty(sep string, parts ...string) string {
-	var out []string
-	for _, p := range parts {
-		if p != "" {
-			out = append(out, p)
-		}
-	}
-	return strings.Join(out, sep)
-}
