@@ -232,7 +232,9 @@ func TestProvision(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Provision over a linked directory: %v", err)
 	}
-	if !slices.ContainsFunc(fifth.Warnings, func(w string) bool { return strings.Contains(w, ".config/opencode/extra was a link to /workspace/victim") }) {
+	if !slices.ContainsFunc(fifth.Warnings, func(w string) bool {
+		return strings.Contains(w, ".config/opencode/extra was a link to /workspace/victim")
+	}) {
 		t.Errorf("no warning about the replaced link in %q", fifth.Warnings)
 	}
 	if got := e.sh(t, p, `test -d ~/.config/opencode/extra && test ! -L ~/.config/opencode/extra && cat ~/.config/opencode/extra/new.txt`); got != "new\n" {
