@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 var (
@@ -24,7 +25,21 @@ var (
 func Path(t testing.TB) string {
 	t.Helper()
 	once.Do(func() {
-		dir, err := os.MkdirTemp("", "agents-sandbox-testbin-*")
+		// One parent for every test process's binary; binaries of earlier
+		// runs older than an hour are removed.
+		parent := filepath.Join(os.TempDir(), "agents-sandbox-testbin")
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			bErr = err
+			return
+		}
+		if old, err := os.ReadDir(parent); err == nil {
+			for _, e := range old {
+				if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Hour {
+					os.RemoveAll(filepath.Join(parent, e.Name()))
+				}
+			}
+		}
+		dir, err := os.MkdirTemp(parent, "build-*")
 		if err != nil {
 			bErr = err
 			return
