@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -27,6 +28,7 @@ type server struct {
 	pid   string
 	next  int
 	waitc chan error
+	once  sync.Once
 }
 
 // startServer starts our binary with args. Stdout is the protocol when conn
@@ -55,9 +57,14 @@ func (e *Env) startServer(ctx context.Context, stdio bool, args ...string) (*ser
 	return s, nil
 }
 
-// stop ends the server: closing stdin (stdio) or SIGTERM (socket), then
-// waits for it. It returns ru_maxrss.
+// stop ends the server: closing stdin (stdio) or SIGINT (socket), then
+// waits for it. It returns ru_maxrss. Later calls only return it again.
 func (s *server) stop() int64 {
+	s.once.Do(s.doStop)
+	return rusageMaxRSS(s.cmd.ProcessState)
+}
+
+func (s *server) doStop() {
 	if s.conn != nil {
 		_ = s.conn.Close()
 	}
@@ -72,7 +79,6 @@ func (s *server) stop() int64 {
 		_ = s.cmd.Process.Kill()
 		<-s.waitc
 	}
-	return rusageMaxRSS(s.cmd.ProcessState)
 }
 
 // rpcResponse is a JSON-RPC response (notifications have no id and are
@@ -312,7 +318,7 @@ func runMemMCP(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 	// The baseline: a long-lived Docker CLI process waiting on the engine
 	// (`docker events`), read once it has printed an event we caused.
 	vol := e.baselineName("events")
-	cmd := exec.CommandContext(ctx, "docker", "events", "--filter", "label="+benchLabel+"="+e.RunID, "--format", "{{.Type}} {{.Action}}")
+	cmd := exec.CommandContext(ctx, "docker", "events", "--filter", "type=volume", "--filter", "volume="+vol, "--format", "{{.Type}} {{.Action}}")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
