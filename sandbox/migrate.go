@@ -896,3 +896,27 @@ func plural(n int, one, many string) string {
 	}
 	return fmt.Sprintf("%d %s", n, many)
 }
+
+// OpenProject is Open for a command that acts on the project: it resolves
+// the project, runs the migration from the origin-keyed layout (a dry run
+// with dryRun), then checks trust (unless opts.SkipTrust or dryRun; the
+// trusted hash may only be in the legacy state before the migration). The
+// report's Warnings are for the caller to show (stderr, tool result text).
+func (m *Manager) OpenProject(ctx context.Context, opts OpenOptions, dryRun bool) (*Project, MigrationReport, error) {
+	skip := opts.SkipTrust
+	opts.SkipTrust = true
+	p, err := m.Open(opts)
+	if err != nil {
+		return nil, MigrationReport{}, err
+	}
+	rep, err := m.Migrate(ctx, p, MigrateOptions{DryRun: dryRun})
+	if err != nil {
+		return nil, rep, err
+	}
+	if !skip && !dryRun {
+		if err := m.CheckTrust(p, opts.Trust); err != nil {
+			return nil, rep, err
+		}
+	}
+	return p, rep, nil
+}

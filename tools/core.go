@@ -20,6 +20,9 @@ import (
 // implements it; see the Manager's methods for shapes and errors.
 type Core interface {
 	Open(opts sandbox.OpenOptions) (*sandbox.Project, error)
+	// OpenProject opens the project, migrates a legacy layout first (its
+	// warnings go into the result text) and then checks trust.
+	OpenProject(ctx context.Context, opts sandbox.OpenOptions, dryRun bool) (*sandbox.Project, sandbox.MigrationReport, error)
 	Create(ctx context.Context, p *sandbox.Project, opts sandbox.CreateOptions) (sandbox.CreateResult, error)
 	Exec(ctx context.Context, p *sandbox.Project, opts sandbox.ExecOptions) (sandbox.CommandResult, error)
 	Attach(ctx context.Context, p *sandbox.Project, opts sandbox.AttachOptions) (sandbox.CommandResult, error)
@@ -125,15 +128,15 @@ func (t InspectTarget) target() Target { return Target{Checkout: t.Checkout, Age
 
 // open checks the target and opens the project; inspect skips the trust
 // check (for tools that apply no configuration).
-func (h *handlers) open(tool string, t Target) (*sandbox.Project, error) {
-	return h.openWith(tool, t, false)
+func (h *handlers) open(ctx context.Context, tool string, t Target) (*sandbox.Project, error) {
+	return h.openWith(ctx, tool, t, false)
 }
 
-func (h *handlers) inspect(tool string, t InspectTarget) (*sandbox.Project, error) {
-	return h.openWith(tool, t.target(), true)
+func (h *handlers) inspect(ctx context.Context, tool string, t InspectTarget) (*sandbox.Project, error) {
+	return h.openWith(ctx, tool, t.target(), true)
 }
 
-func (h *handlers) openWith(tool string, t Target, inspect bool) (*sandbox.Project, error) {
+func (h *handlers) openWith(ctx context.Context, tool string, t Target, inspect bool) (*sandbox.Project, error) {
 	if !filepath.IsAbs(t.Checkout) {
 		return nil, InvalidParams(tool, "/checkout", "checkout must be an absolute path, got %q; pass the absolute path of a directory inside the project", t.Checkout)
 	}
@@ -145,7 +148,8 @@ func (h *handlers) openWith(tool string, t Target, inspect bool) (*sandbox.Proje
 	if !fi.IsDir() {
 		return nil, InvalidParams(tool, "/checkout", "checkout %q is not a directory; pass the project's directory, not a file in it", t.Checkout)
 	}
-	p, err := h.Core.Open(sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent, Trust: t.Trust, SkipTrust: inspect})
+	p, rep, err := h.Core.OpenProject(ctx, sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent, Trust: t.Trust, SkipTrust: inspect}, false)
+	addWarnings(ctx, rep.Warnings)
 	if err != nil {
 		if errors.Is(err, sandbox.ErrUntrusted) {
 			return nil, &Error{Code: CodeUntrusted, Kind: KindUntrusted, Tool: tool, Err: err,
@@ -246,3 +250,19 @@ var (
 	_ SecretSetter  = (*sandbox.Manager)(nil)
 	_ ProxyStatuser = (*sandbox.Manager)(nil)
 )
+
+// warningsKey holds the per-call warning list (request-scoped data, not a
+// dependency): migration warnings gathered while a handler runs, which
+// Tool.Call puts at the head of the result text.
+type warningsKey struct{}
+
+func withWarnings(ctx context.Context) (context.Context, *[]string) {
+	w := &[]string{}
+	return context.WithValue(ctx, warningsKey{}, w), w
+}
+
+func addWarnings(ctx context.Context, ws []string) {
+	if w, ok := ctx.Value(warningsKey{}).(*[]string); ok {
+		*w = append(*w, ws...)
+	}
+}

@@ -95,7 +95,7 @@ func (h *handlers) execTool() Tool {
 		if err != nil {
 			return ExecOutput{}, "", err
 		}
-		p, err := h.open(tool, in.Target)
+		p, err := h.open(ctx, tool, in.Target)
 		if err != nil {
 			return ExecOutput{}, "", err
 		}
@@ -145,7 +145,7 @@ func (h *handlers) attachTool() Tool {
 		if err != nil {
 			return ExecOutput{}, "", err
 		}
-		p, err := h.open(tool, in.Target)
+		p, err := h.open(ctx, tool, in.Target)
 		if err != nil {
 			return ExecOutput{}, "", err
 		}

@@ -39,6 +39,20 @@ func (l *LazyManager) ready(ctx context.Context) (*sandbox.Manager, error) {
 // Open resolves the project; it needs no runtime.
 func (l *LazyManager) Open(o sandbox.OpenOptions) (*sandbox.Project, error) { return l.M.Open(o) }
 
+// OpenProject resolves the project and migrates a legacy layout, which needs
+// the runtime.
+func (l *LazyManager) OpenProject(ctx context.Context, o sandbox.OpenOptions, dryRun bool) (*sandbox.Project, sandbox.MigrationReport, error) {
+	m, err := l.ready(ctx)
+	if err != nil {
+		// Without an engine nothing can be migrated (and the call fails
+		// on its first engine operation anyway): resolve the project so
+		// that configuration and trust problems are reported first.
+		p, err := l.M.Open(o)
+		return p, sandbox.MigrationReport{}, err
+	}
+	return m.OpenProject(ctx, o, dryRun)
+}
+
 func (l *LazyManager) Create(ctx context.Context, p *sandbox.Project, o sandbox.CreateOptions) (sandbox.CreateResult, error) {
 	m, err := l.ready(ctx)
 	if err != nil {

@@ -54,7 +54,7 @@ func (h *handlers) createTool() Tool {
 		InputSchema: "sandbox_create.input.json", OutputSchema: "sandbox_create.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: No, Idempotent: Yes, OpenWorld: Yes},
 	}, func(ctx context.Context, c Call, in *CreateInput) (CreateOutput, string, error) {
-		p, err := h.open("sandbox_create", in.Target)
+		p, err := h.open(ctx, "sandbox_create", in.Target)
 		if err != nil {
 			return CreateOutput{}, "", err
 		}
@@ -137,7 +137,7 @@ func (h *handlers) statusTool() Tool {
 		InputSchema: "sandbox_status.input.json", OutputSchema: "sandbox_status.output.json",
 		Hints: Hints{ReadOnly: Yes, Destructive: No, Idempotent: Yes, OpenWorld: No},
 	}, func(ctx context.Context, c Call, in *StatusInput) (StatusOutput, string, error) {
-		p, err := h.inspect("sandbox_status", in.InspectTarget)
+		p, err := h.inspect(ctx, "sandbox_status", in.InspectTarget)
 		if err != nil {
 			return StatusOutput{}, "", err
 		}
@@ -169,7 +169,7 @@ func (h *handlers) stopTool() Tool {
 		InputSchema: "sandbox_stop.input.json", OutputSchema: "sandbox_stop.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: Yes, Idempotent: Yes, OpenWorld: No},
 	}, func(ctx context.Context, c Call, in *StopInput) (StatusOutput, string, error) {
-		p, err := h.inspect("sandbox_stop", in.InspectTarget)
+		p, err := h.inspect(ctx, "sandbox_stop", in.InspectTarget)
 		if err != nil {
 			return StatusOutput{}, "", err
 		}
@@ -213,7 +213,7 @@ func (h *handlers) removeTool() Tool {
 		InputSchema: "sandbox_remove.input.json", OutputSchema: "sandbox_remove.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: Yes, Idempotent: Yes, OpenWorld: No},
 	}, func(ctx context.Context, c Call, in *RemoveInput) (RemoveOutput, string, error) {
-		p, err := h.inspect("sandbox_remove", in.InspectTarget)
+		p, err := h.inspect(ctx, "sandbox_remove", in.InspectTarget)
 		if err != nil {
 			return RemoveOutput{}, "", err
 		}
@@ -270,7 +270,7 @@ func (h *handlers) listTool() Tool {
 	}, func(ctx context.Context, c Call, in *ListInput) (ListOutput, string, error) {
 		f := sandbox.ListFilter{Agent: in.Agent, Kind: sandbox.Kind(in.Kind), State: sandbox.VMState(in.State)}
 		if in.Checkout != "" {
-			p, err := h.inspect("sandbox_list", InspectTarget{Checkout: in.Checkout, Agent: in.Agent})
+			p, err := h.inspect(ctx, "sandbox_list", InspectTarget{Checkout: in.Checkout, Agent: in.Agent})
 			if err != nil {
 				return ListOutput{}, "", err
 			}

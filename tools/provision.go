@@ -74,7 +74,7 @@ func (h *handlers) provisionTool() Tool {
 			return ProvisionOutput{}, "", &Error{Code: CodeUnsupported, Kind: KindUnsupported, Tool: tool,
 				Message: "provisioning is not available in this build of agents-sandbox; sandbox_create provisions the VM when it starts it"}
 		}
-		p, err := h.open(tool, in.Target)
+		p, err := h.open(ctx, tool, in.Target)
 		if err != nil {
 			return ProvisionOutput{}, "", err
 		}

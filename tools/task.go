@@ -63,7 +63,7 @@ func (h *handlers) spawnTaskTool() Tool {
 		if err != nil {
 			return SpawnTaskOutput{}, "", err
 		}
-		p, err := h.open(tool, in.Target)
+		p, err := h.open(ctx, tool, in.Target)
 		if err != nil {
 			return SpawnTaskOutput{}, "", err
 		}

@@ -119,9 +119,13 @@ func (t Tool) Call(ctx context.Context, c Call, raw json.RawMessage) (Result, er
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return Result{}, &Error{Code: CodeInvalidParams, Kind: KindInvalidParams, Tool: t.Name, Pointer: "", Message: "the arguments must be one JSON object"}
 	}
+	ctx, warnings := withWarnings(ctx)
 	out, text, err := t.run(ctx, c, in.Interface())
 	if err != nil {
 		return Result{}, asError(ctx, t.Name, err)
+	}
+	for i := len(*warnings) - 1; i >= 0; i-- {
+		text = "warning: " + (*warnings)[i] + "\n" + text
 	}
 	return Result{Structured: out, Text: text}, nil
 }

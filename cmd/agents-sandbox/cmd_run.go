@@ -78,21 +78,17 @@ func (a *app) open(ctx context.Context, f projectFlags) (*sandbox.Manager, *sand
 	if err != nil {
 		return nil, nil, err
 	}
-	// Trust is checked after the migration: the trusted hash may still be
-	// in the legacy state.
-	p, err := m.Open(sandbox.OpenOptions{Dir: dir, Agent: f.agent, Flags: flags, SkipTrust: true})
+	opts := sandbox.OpenOptions{Dir: dir, Agent: f.agent, Flags: flags, Trust: f.trust, SkipTrust: f.inspect}
+	if f.noMigrate {
+		p, err := m.Open(opts)
+		return m, p, err
+	}
+	p, rep, err := m.OpenProject(ctx, opts, f.dryRun)
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(a.streams.Err, "agents-sandbox: warning: %s\n", w)
+	}
 	if err != nil {
 		return nil, nil, err
-	}
-	if !f.noMigrate {
-		if _, err := a.migrateFirst(ctx, m, p, f.dryRun); err != nil {
-			return nil, nil, err
-		}
-	}
-	if !f.inspect && !f.dryRun {
-		if err := m.CheckTrust(p, f.trust); err != nil {
-			return nil, nil, err
-		}
 	}
 	return m, p, nil
 }
