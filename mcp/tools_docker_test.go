@@ -270,6 +270,16 @@ func TestToolsDocker(t *testing.T) {
 		if st.State != "missing" {
 			t.Errorf("status after remove: %+v", st)
 		}
+		// A dry run plans the create and changes nothing.
+		var dr tools.CreateOutput
+		fes[1].call(t, "sandbox_create", map[string]any{"checkout": p.dir, "dry_run": true}, &dr)
+		if !dr.DryRun || dr.Action != "created" || len(dr.Changes) == 0 {
+			t.Errorf("dry-run create: %+v", dr)
+		}
+		fes[0].call(t, "sandbox_status", ck, &st)
+		if st.State != "missing" {
+			t.Errorf("status after a dry-run create: %+v", st)
+		}
 		// Re-create for the tests that follow.
 		var cr tools.CreateOutput
 		fes[0].call(t, "sandbox_create", ck, &cr)

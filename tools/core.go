@@ -34,6 +34,11 @@ type Core interface {
 	SpawnTask(ctx context.Context, p *sandbox.Project, opts sandbox.TaskOptions) (sandbox.TaskResult, error)
 }
 
+// Planner is the core's dry run of sandbox_create.
+type Planner interface {
+	PlanCreate(ctx context.Context, p *sandbox.Project, opts sandbox.CreateOptions) (sandbox.CreatePlan, error)
+}
+
 // Provisioner is the core's on-demand provisioning (sandbox_provision).
 type Provisioner interface {
 	Provision(ctx context.Context, p *sandbox.Project) (sandbox.ProvisionResult, error)
@@ -129,14 +134,16 @@ func (t InspectTarget) target() Target { return Target{Checkout: t.Checkout, Age
 // open checks the target and opens the project; inspect skips the trust
 // check (for tools that apply no configuration).
 func (h *handlers) open(ctx context.Context, tool string, t Target) (*sandbox.Project, error) {
-	return h.openWith(ctx, tool, t, false)
+	return h.openWith(ctx, tool, t, false, false)
 }
 
 func (h *handlers) inspect(ctx context.Context, tool string, t InspectTarget) (*sandbox.Project, error) {
-	return h.openWith(ctx, tool, t.target(), true)
+	return h.openWith(ctx, tool, t.target(), true, false)
 }
 
-func (h *handlers) openWith(ctx context.Context, tool string, t Target, inspect bool) (*sandbox.Project, error) {
+// openWith opens the project; inspect skips the trust check, dryRun makes
+// the migration of a legacy layout a dry run (and skips trust too).
+func (h *handlers) openWith(ctx context.Context, tool string, t Target, inspect, dryRun bool) (*sandbox.Project, error) {
 	if !filepath.IsAbs(t.Checkout) {
 		return nil, InvalidParams(tool, "/checkout", "checkout must be an absolute path, got %q; pass the absolute path of a directory inside the project", t.Checkout)
 	}
@@ -148,7 +155,7 @@ func (h *handlers) openWith(ctx context.Context, tool string, t Target, inspect 
 	if !fi.IsDir() {
 		return nil, InvalidParams(tool, "/checkout", "checkout %q is not a directory; pass the project's directory, not a file in it", t.Checkout)
 	}
-	p, rep, err := h.Core.OpenProject(ctx, sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent, Trust: t.Trust, SkipTrust: inspect}, false)
+	p, rep, err := h.Core.OpenProject(ctx, sandbox.OpenOptions{Dir: t.Checkout, Agent: t.Agent, Trust: t.Trust, SkipTrust: inspect}, dryRun)
 	addWarnings(ctx, rep.Warnings)
 	if err != nil {
 		if errors.Is(err, sandbox.ErrUntrusted) {

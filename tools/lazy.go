@@ -166,3 +166,12 @@ var (
 	_ Provisioner   = (*LazyManager)(nil)
 	_ AuditReader   = (*LazyManager)(nil)
 )
+
+// PlanCreate plans sandbox_create without changing anything.
+func (l *LazyManager) PlanCreate(ctx context.Context, p *sandbox.Project, o sandbox.CreateOptions) (sandbox.CreatePlan, error) {
+	m, err := l.ready(ctx)
+	if err != nil {
+		return sandbox.CreatePlan{}, err
+	}
+	return m.PlanCreate(ctx, p, o)
+}

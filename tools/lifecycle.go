@@ -13,6 +13,9 @@ type CreateInput struct {
 	Target
 	// Rebuild builds the image even when its content hash is unchanged.
 	Rebuild bool `json:"rebuild,omitempty"`
+	// DryRun reports what the call (and the migration of a legacy layout)
+	// would do and changes nothing.
+	DryRun bool `json:"dry_run,omitempty"`
 }
 
 // Timings are how long each phase of sandbox_create took, in milliseconds.
@@ -39,7 +42,11 @@ type CreateOutput struct {
 	User          string           `json:"user"`
 	Provision     *ProvisionOutput `json:"provision,omitempty"`
 	Warnings      []string         `json:"warnings"`
-	TimingsMS     Timings          `json:"timings_ms"`
+	// DryRun is true when nothing was changed; Changes then lists what a
+	// real call would do, in order.
+	DryRun    bool     `json:"dry_run,omitempty"`
+	Changes   []string `json:"changes,omitempty"`
+	TimingsMS Timings  `json:"timings_ms"`
 }
 
 func (h *handlers) createTool() Tool {
@@ -54,6 +61,9 @@ func (h *handlers) createTool() Tool {
 		InputSchema: "sandbox_create.input.json", OutputSchema: "sandbox_create.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: No, Idempotent: Yes, OpenWorld: Yes},
 	}, func(ctx context.Context, c Call, in *CreateInput) (CreateOutput, string, error) {
+		if in.DryRun {
+			return h.createDryRun(ctx, in)
+		}
 		p, err := h.open(ctx, "sandbox_create", in.Target)
 		if err != nil {
 			return CreateOutput{}, "", err
@@ -86,6 +96,37 @@ func (h *handlers) createTool() Tool {
 		}
 		return out, text, nil
 	})
+}
+
+// createDryRun is sandbox_create with dry_run: the migration and the run
+// are planned against the real engine, which is only read.
+func (h *handlers) createDryRun(ctx context.Context, in *CreateInput) (CreateOutput, string, error) {
+	const tool = "sandbox_create"
+	planner, ok := h.Core.(Planner)
+	if !ok {
+		return CreateOutput{}, "", &Error{Code: CodeUnsupported, Kind: KindUnsupported, Tool: tool, Message: "dry_run is not supported by this server"}
+	}
+	p, err := h.openWith(ctx, tool, in.Target, true, true)
+	if err != nil {
+		return CreateOutput{}, "", err
+	}
+	plan, err := planner.PlanCreate(ctx, p, sandbox.CreateOptions{Rebuild: in.Rebuild})
+	if err != nil {
+		return CreateOutput{}, "", err
+	}
+	out := CreateOutput{Project: projectInfo(p), VM: plan.VM.Name, Image: plan.Image.Ref, ImageID: plan.Image.ID,
+		ImageBuilt: plan.Image.Action == sandbox.PlanBuild, HomeVolume: plan.HomeVolume.Name,
+		VolumeCreated: plan.HomeVolume.Action == sandbox.PlanNew, Action: string(plan.VM.Action),
+		Warnings: orEmpty(append(append([]string{}, plan.Migration.Warnings...), plan.Warnings...)),
+		DryRun:   true, Changes: orEmpty(plan.Changes)}
+	text := "dry run, nothing was changed; a real call would:"
+	if len(plan.Changes) == 0 {
+		text = "dry run, nothing was changed; everything is up to date"
+	}
+	for _, c := range plan.Changes {
+		text += "\n- " + c
+	}
+	return out, text, nil
 }
 
 func timings(m map[string]int64) Timings {

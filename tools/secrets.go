@@ -135,7 +135,7 @@ func (h *handlers) secretProxyTool() Tool {
 			return SecretProxyOutput{}, "", InvalidParams(tool, "/action", "action must be status, list, set, remove or audit, not %q", in.Action)
 		}
 		mutate := in.Action == "set" || in.Action == "remove"
-		p, err := h.openWith(ctx, tool, in.Target, !mutate)
+		p, err := h.openWith(ctx, tool, in.Target, !mutate, false)
 		if err != nil {
 			return SecretProxyOutput{}, "", err
 		}
@@ -170,7 +170,7 @@ func (h *handlers) secretProxyTool() Tool {
 		}
 		if out.Changed {
 			// Re-read the configuration the change wrote.
-			if p, err = h.openWith(ctx, tool, in.Target, true); err != nil {
+			if p, err = h.openWith(ctx, tool, in.Target, true, false); err != nil {
 				return out, "", err
 			}
 		}
