@@ -109,9 +109,17 @@ func (d *Driver) ListImages(ctx context.Context, labels map[string]string) ([]sa
 	}
 	out := make([]sandbox.Image, 0, len(res.Items))
 	for _, s := range res.Items {
+		// Older engines list a dangling image with the pseudo tag
+		// "<none>:<none>", which is no reference.
+		var tags []string
+		for _, t := range s.RepoTags {
+			if t != "<none>:<none>" {
+				tags = append(tags, t)
+			}
+		}
 		out = append(out, sandbox.Image{
 			ID:      s.ID,
-			Tags:    s.RepoTags,
+			Tags:    tags,
 			Labels:  maps.Clone(s.Labels),
 			Created: time.Unix(s.Created, 0).UTC(),
 			Size:    s.Size,
