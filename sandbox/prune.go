@@ -205,6 +205,16 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 		}
 	}
 
+	// Proxies left running by VMs that stopped themselves when idle (or
+	// that are gone), and proxy images no container uses.
+	pr, err := m.pruneProxies(ctx, o, sel, now)
+	if err != nil {
+		return res, err
+	}
+	for _, p := range pr {
+		add(p)
+	}
+
 	// Runner images no remaining VM or task uses.
 	imgs, err := m.RT.ListImages(ctx, sel(KindRunner))
 	if err != nil {
@@ -384,4 +394,108 @@ func pidAlive(s string) bool {
 	}
 	err = syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// pruneProxies removes proxy containers still running for a VM that stopped
+// (by itself, when idle) or for one that is gone, unless a task of that
+// checkout and agent runs (Create starts a new one when it is
+// needed), the internal network of a VM that is gone, and proxy images no
+// container uses and not built in the last 10 minutes.
+func (m *Manager) pruneProxies(ctx context.Context, o PruneOptions, sel func(Kind) map[string]string, now time.Time) ([]Pruned, error) {
+	var out []Pruned
+	proxies, err := m.RT.ListVMs(ctx, sel(KindProxy))
+	if err != nil {
+		return nil, fmt.Errorf("prune: list proxies: %w", err)
+	}
+	usedImages := map[string]bool{}
+	for _, px := range proxies {
+		vmName := strings.TrimSuffix(px.Name, "-proxy")
+		vm, err := m.RT.InspectVM(ctx, vmName)
+		vmGone := isNotFound(err)
+		if err != nil && !vmGone {
+			return nil, fmt.Errorf("prune: inspect VM %q: %w", vmName, err)
+		}
+		// A stopped proxy of a stopped VM is harmless and goes with the
+		// VM when that is pruned; a running one is a leftover of a VM that
+		// stopped itself when idle.
+		if !vmGone && (vm.State == VMRunning || vm.State == VMPaused || px.State != VMRunning) {
+			usedImages[px.ImageID] = true
+			continue
+		}
+		tasks, err := m.RT.ListVMs(ctx, map[string]string{LabelKind: string(KindTask), LabelCheckout: px.Labels[LabelCheckout], LabelAgent: px.Labels[LabelAgent]})
+		if err != nil {
+			return nil, fmt.Errorf("prune: list tasks: %w", err)
+		}
+		busy := false
+		for _, t := range tasks {
+			busy = busy || t.State == VMRunning
+		}
+		if busy {
+			usedImages[px.ImageID] = true
+			continue
+		}
+		reason := "proxy of a stopped VM"
+		if vmGone {
+			reason = "proxy of a VM that is gone"
+		}
+		if !o.DryRun {
+			if err := m.RT.RemoveVM(ctx, px.Name, true); err != nil && !isNotFound(err) {
+				return nil, fmt.Errorf("prune proxy %q: %w", px.Name, err)
+			}
+		}
+		out = append(out, Pruned{Kind: KindProxy, Name: px.Name, Reason: reason, Bytes: -1})
+		if vmGone {
+			if nw, ok := m.RT.(Networker); ok {
+				netName := vmName + "-net"
+				if _, err := nw.InspectNetwork(ctx, netName); err == nil {
+					if !o.DryRun {
+						if err := nw.RemoveNetwork(ctx, netName); err != nil && !isNotFound(err) {
+							m.Log.Warn().Err(err).Str("network", netName).Msg("prune: network still in use, kept")
+							continue
+						}
+					}
+					out = append(out, Pruned{Kind: KindNet, Name: netName, Reason: "network of a VM that is gone", Bytes: -1})
+				}
+			}
+		}
+	}
+	if o.Checkout != "" {
+		return out, nil // proxy images are shared by every checkout
+	}
+	imgs, err := m.RT.ListImages(ctx, map[string]string{LabelKind: string(KindProxy), labelProxyImage: "1"})
+	if err != nil {
+		return nil, fmt.Errorf("prune: list proxy images: %w", err)
+	}
+	all, err := m.RT.ListVMs(ctx, map[string]string{LabelKind: string(KindProxy)})
+	if err != nil {
+		return nil, fmt.Errorf("prune: list proxies: %w", err)
+	}
+	for _, px := range all {
+		usedImages[px.ImageID] = true
+	}
+	for _, img := range imgs {
+		tags := realTags(img.Tags)
+		if usedImages[img.ID] || now.Sub(img.Created) < taskGrace {
+			continue
+		}
+		name := img.ID
+		if len(tags) > 0 {
+			name = tags[0]
+		}
+		if !o.DryRun {
+			kept := false
+			for _, ref := range append(tags, img.ID) {
+				if err := m.RT.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
+					m.Log.Warn().Err(err).Str("image", name).Msg("prune: proxy image still in use, kept")
+					kept = true
+					break
+				}
+			}
+			if kept {
+				continue
+			}
+		}
+		out = append(out, Pruned{Kind: KindProxy, Name: name, Reason: "proxy image no container uses", Bytes: img.Size})
+	}
+	return out, nil
 }

@@ -8,6 +8,7 @@ package sandbox_test
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -409,5 +410,54 @@ func TestPruneTaskWhoseSpawnerDied(t *testing.T) {
 	}
 	if left := e.tasks(t, p); len(left) > 0 {
 		t.Errorf("task sandboxes left: %s", left[0].Name)
+	}
+}
+
+// A VM that stopped itself when idle leaves its proxy running; Prune
+// removes that proxy (and only it), and the next Create starts a new one.
+func TestPruneProxyOfIdleStoppedVM(t *testing.T) {
+	t.Parallel()
+	e := newTK(t)
+	dir := e.checkout(t, "pruneproxy", nil)
+	tkWrite(t, filepath.Join(dir, ".agents-sandbox", "config.toml"), "agent = \"shell\"\n[network]\nmode = \"proxy\"\n", 0o644)
+	p := e.open(t, dir, "")
+	ctx := tkCtx(t)
+	e.create(t, p)
+	proxyName := p.Names.VM + "-proxy"
+	opts := sandbox.PruneOptions{Checkout: p.ID.CheckoutSlug}
+
+	// Running VM and proxy: nothing to prune.
+	if res, err := e.m.Prune(ctx, opts); err != nil || len(res.Removed) != 0 {
+		t.Fatalf("prune with everything running: %+v, %v", res.Removed, err)
+	}
+	// The VM alone stops, as its idle watchdog does.
+	if err := e.rt.StopVM(ctx, p.Names.VM, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	dry, err := e.m.Prune(ctx, sandbox.PruneOptions{Checkout: p.ID.CheckoutSlug, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if px, err := e.rt.InspectVM(ctx, proxyName); err != nil || px.State != sandbox.VMRunning {
+		t.Fatalf("a dry run touched the proxy: %+v, %v", px, err)
+	}
+	res, err := e.m.Prune(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"proxy " + proxyName}
+	if got := tkKeys(tkPruned(res)); !slices.Equal(got, want) || !slices.Equal(tkKeys(tkPruned(dry)), want) {
+		t.Errorf("prune removed %q (dry run %q), want %q", got, tkKeys(tkPruned(dry)), want)
+	}
+	if _, err := e.rt.InspectVM(ctx, proxyName); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("proxy still there: %v", err)
+	}
+	if vm, err := e.rt.InspectVM(ctx, p.Names.VM); err != nil || vm.State == sandbox.VMRunning {
+		t.Errorf("the stopped VM was touched: %+v, %v", vm, err)
+	}
+	// The next Create brings VM and proxy back.
+	e.create(t, p)
+	if px, err := e.rt.InspectVM(ctx, proxyName); err != nil || px.State != sandbox.VMRunning {
+		t.Errorf("proxy after Create: %+v, %v", px, err)
 	}
 }
