@@ -134,6 +134,10 @@ type AttachOptions struct {
 	Timeout        time.Duration
 	OutputCap      int
 	Env            map[string]string
+	// Worktree, when set ("NAME[:BASE]"), runs the agent in that worktree
+	// session inside the VM (made when missing, see OpenWorktree) instead
+	// of under /workspace.
+	Worktree string
 }
 
 // Attach makes sure the agent's daemon is up and runs the agent's attach (or
@@ -160,9 +164,15 @@ func (m *Manager) Attach(ctx context.Context, p *Project, opts AttachOptions) (C
 		// `bash -lc ARGS`: the arguments form one script.
 		cmd = append(append([]string{}, base...), strings.Join(opts.Args, " "))
 	}
-	return m.execIn(ctx, vm, user, workdirFor(p), ExecOptions{
+	dir, env := workdirFor(p), opts.Env
+	if opts.Worktree != "" {
+		if dir, env, err = m.worktreeExec(ctx, p, vm, user, opts.Worktree, "", opts.Env); err != nil {
+			return CommandResult{}, err
+		}
+	}
+	return m.execIn(ctx, vm, user, dir, ExecOptions{
 		Cmd: cmd, Stdin: opts.Stdin, Stdout: opts.Stdout, Stderr: opts.Stderr,
-		TTY: opts.TTY, Resize: opts.Resize, Timeout: opts.Timeout, OutputCap: opts.OutputCap, Env: opts.Env,
+		TTY: opts.TTY, Resize: opts.Resize, Timeout: opts.Timeout, OutputCap: opts.OutputCap, Env: env,
 	})
 }
 

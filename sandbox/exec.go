@@ -40,6 +40,10 @@ type ExecOptions struct {
 	// Daemon marks the command as a background service: it does not keep
 	// the VM from going idle.
 	Daemon bool
+	// Worktree, when set ("NAME[:BASE]"), runs the command in that worktree
+	// session inside the VM, made when missing (see OpenWorktree); WorkDir
+	// then defaults to the session's worktree. Project VMs only.
+	Worktree string
 }
 
 // Output is one captured stream.
@@ -236,6 +240,11 @@ func (m *Manager) Exec(ctx context.Context, p *Project, o ExecOptions) (CommandR
 	vm, user, err := m.runningVM(ctx, p)
 	if err != nil {
 		return CommandResult{}, err
+	}
+	if o.Worktree != "" {
+		if o.WorkDir, o.Env, err = m.worktreeExec(ctx, p, vm, user, o.Worktree, o.WorkDir, o.Env); err != nil {
+			return CommandResult{}, err
+		}
 	}
 	return m.execIn(ctx, vm, user, workdirFor(p), o)
 }

@@ -279,6 +279,11 @@ func (m *Manager) vmSpec(p *Project, img imageState, vol string, eg egress) (VMS
 		{Type: "bind", Source: p.ID.ProjectDir, Target: Workspace},
 		{Type: "volume", Source: vol, Target: HomeDir},
 	}
+	if p.ID.Git && p.ID.GitCommonDir != "" {
+		// Read-only: worktree sessions fetch from it (worktree.go), and
+		// nothing in the VM can write the host's .git through it.
+		mounts = append(mounts, MountSpec{Type: "bind", Source: p.ID.GitCommonDir, Target: HostGitDir, ReadOnly: true})
+	}
 	for _, mt := range cfg.Mounts {
 		src := expandHome(mt.Source, m.Environ)
 		if _, err := os.Stat(src); err != nil {

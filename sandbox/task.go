@@ -75,6 +75,13 @@ type TaskOptions struct {
 	Stdout, Stderr io.Writer
 	// Progress receives image build output; may be nil.
 	Progress ProgressFunc
+	// Worktree, when set ("NAME[:BASE]"), runs the command in that worktree
+	// session (made when missing, see OpenWorktree). The session lives on
+	// the project VM's home volume, which the task then mounts read-write
+	// as its home (it must exist: create the VM first); Workspace must be
+	// unset or none and Home unset. The result's Worktree is the session
+	// after the command.
+	Worktree string
 }
 
 // TaskResult is how a task ended. Diff and Changed are set for copy
@@ -98,6 +105,8 @@ type TaskResult struct {
 	Changed       []string `json:"changed,omitempty"`
 	Diff          string   `json:"diff,omitempty"`
 	DiffTruncated bool     `json:"diff_truncated,omitempty"`
+	// Worktree is the worktree session after the command (Worktree tasks).
+	Worktree *WorktreeSession `json:"worktree,omitempty"`
 }
 
 // maxDiff bounds the diff returned in a TaskResult (8 MiB).
@@ -122,6 +131,9 @@ const maxDiff = 8 << 20
 // killed (ExitCode 130) and the sandbox removed (stopped with Keep); the
 // error is ctx's.
 func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (TaskResult, error) {
+	if err := checkWorktreeTask(p, &o); err != nil {
+		return TaskResult{Workspace: string(o.Workspace)}, err
+	}
 	res := TaskResult{Workspace: string(o.Workspace)}
 	if o.Workspace == "" {
 		o.Workspace = WorkspaceCopy
@@ -211,7 +223,13 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 				mounts = append(mounts, mt)
 			}
 		case HomeDir:
-			if o.Home == HomeReadOnly {
+			if o.Worktree != "" {
+				vol, err := m.worktreeTaskHome(ctx, p)
+				if err != nil {
+					return res, err
+				}
+				mounts = append(mounts, MountSpec{Type: "volume", Source: vol, Target: HomeDir, NoCopy: true})
+			} else if o.Home == HomeReadOnly {
 				st, err := LoadState(p.Names.StateDir)
 				if err != nil {
 					return res, err
@@ -320,7 +338,7 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 			return res, err
 		}
 	}
-	if o.Home != HomeReadOnly {
+	if o.Home != HomeReadOnly && o.Worktree == "" {
 		if err := m.provisionTask(ctx, p, name, img.User); err != nil {
 			return res, err
 		}
@@ -330,10 +348,21 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 	if o.Workspace == WorkspaceNone {
 		dir = Workspace
 	}
-	er, err := m.execIn(ctx, name, img.User, dir, ExecOptions{Cmd: cmd, Env: o.Env, Timeout: o.Timeout, OutputCap: o.OutputCap, Stdout: o.Stdout, Stderr: o.Stderr})
+	env := o.Env
+	if o.Worktree != "" {
+		if dir, env, err = m.worktreeExec(ctx, p, name, img.User, o.Worktree, "", o.Env); err != nil {
+			return res, err
+		}
+	}
+	er, err := m.execIn(ctx, name, img.User, dir, ExecOptions{Cmd: cmd, Env: env, Timeout: o.Timeout, OutputCap: o.OutputCap, Stdout: o.Stdout, Stderr: o.Stderr})
 	res.ExitCode, res.Stdout, res.Stderr, res.TimedOut, res.DurationMS = er.ExitCode, er.Stdout, er.Stderr, er.TimedOut, er.DurationMS
 	if err != nil {
 		return res, err
+	}
+	if o.Worktree != "" && ctx.Err() == nil {
+		if res.Worktree, err = m.worktreeTaskResult(ctx, p, name, img.User, o.Worktree); err != nil {
+			return res, err
+		}
 	}
 	if snapshot != nil && ctx.Err() == nil {
 		// Stop the task first: nothing it left running can change the

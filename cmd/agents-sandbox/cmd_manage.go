@@ -328,7 +328,7 @@ our builds. Nothing else on the engine is touched. It prints what it removed
 
 func newTaskCommand(a *app) *cobra.Command {
 	var f projectFlags
-	var workspace, home string
+	var workspace, home, worktree string
 	var keep, asJSON bool
 	var timeout time.Duration
 	var env []string
@@ -344,7 +344,20 @@ with git apply. Without CMD the agent's headless command runs with --prompt.`,
 			if err != nil {
 				return err
 			}
-			o := sandbox.TaskOptions{Cmd: args, Timeout: timeout, Workspace: sandbox.WorkspaceMode(workspace), Home: sandbox.HomeMode(home), Keep: keep, Env: map[string]string{}}
+			if err := checkWorktreeFlag(worktree); err != nil {
+				return err
+			}
+			o := sandbox.TaskOptions{Cmd: args, Timeout: timeout, Workspace: sandbox.WorkspaceMode(workspace), Home: sandbox.HomeMode(home), Keep: keep, Env: map[string]string{}, Worktree: worktree}
+			if worktree != "" {
+				// A worktree task works in its session on the project's
+				// home volume: the copy/fresh defaults do not apply.
+				if !cmd.Flags().Changed("workspace") {
+					o.Workspace = ""
+				}
+				if !cmd.Flags().Changed("home") {
+					o.Home = ""
+				}
+			}
 			for _, kv := range env {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok {
@@ -391,5 +404,6 @@ with git apply. Without CMD the agent's headless command runs with --prompt.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "kill the task after this long (0: never)")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set an environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "capture output and print the result (with the diff) as JSON")
+	addWorktreeFlag(cmd, &worktree)
 	return cmd
 }

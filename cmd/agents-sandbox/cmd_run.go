@@ -144,6 +144,7 @@ func (a *app) progress() (sandbox.ProgressFunc, func()) {
 func newRunCommand(a *app) *cobra.Command {
 	var f projectFlags
 	var rebuild bool
+	var worktree string
 	cmd := &cobra.Command{
 		Use:   "run [flags] [-- AGENT ARGS...]",
 		Short: "Build, create or reuse the checkout's VM and attach the agent (the main job)",
@@ -151,6 +152,9 @@ func newRunCommand(a *app) *cobra.Command {
 the VM, provision the agent's config, and attach the agent in the directory under
 /workspace matching where you stand. Arguments after -- go to the agent.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkWorktreeFlag(worktree); err != nil {
+				return err
+			}
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -161,10 +165,11 @@ the VM, provision the agent's config, and attach the agent in the directory unde
 			if _, err := a.create(cmd.Context(), m, p, rebuild); err != nil {
 				return err
 			}
-			return a.attach(cmd.Context(), m, p, sandbox.AttachOptions{Args: args})
+			return a.attach(cmd.Context(), m, p, sandbox.AttachOptions{Args: args, Worktree: worktree})
 		},
 	}
 	f.register(cmd)
+	addWorktreeFlag(cmd, &worktree)
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "build the image even when nothing changed")
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "print what the run would do (migration included) and change nothing")
 	return cmd
@@ -242,28 +247,37 @@ func newCreateCommand(a *app) *cobra.Command {
 
 func newAttachCommand(a *app) *cobra.Command {
 	var f projectFlags
+	var worktree string
 	cmd := &cobra.Command{
 		Use:   "attach [flags] [-- AGENT ARGS...]",
 		Short: "Attach the agent in the checkout's running VM",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkWorktreeFlag(worktree); err != nil {
+				return err
+			}
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
-			return a.attach(cmd.Context(), m, p, sandbox.AttachOptions{Args: args})
+			return a.attach(cmd.Context(), m, p, sandbox.AttachOptions{Args: args, Worktree: worktree})
 		},
 	}
 	f.register(cmd)
+	addWorktreeFlag(cmd, &worktree)
 	return cmd
 }
 
 func newShellCommand(a *app) *cobra.Command {
 	var f projectFlags
 	var root bool
+	var worktree string
 	cmd := &cobra.Command{
 		Use:   "shell [flags] [-- CMD...]",
 		Short: "Open a login shell (or run CMD) in the checkout's VM, creating it if needed",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkWorktreeFlag(worktree); err != nil {
+				return err
+			}
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -275,7 +289,7 @@ func newShellCommand(a *app) *cobra.Command {
 			if len(args) > 0 {
 				c = args
 			}
-			o := sandbox.ExecOptions{Cmd: c}
+			o := sandbox.ExecOptions{Cmd: c, Worktree: worktree}
 			if root {
 				o.User = "0:0"
 			}
@@ -283,6 +297,7 @@ func newShellCommand(a *app) *cobra.Command {
 		},
 	}
 	f.register(cmd)
+	addWorktreeFlag(cmd, &worktree)
 	cmd.Flags().BoolVar(&root, "root", false, "run as root instead of the VM's user")
 	return cmd
 }
@@ -378,7 +393,7 @@ func newExecCommand(a *app) *cobra.Command {
 	var f projectFlags
 	var interactive, tty, root, asJSON bool
 	var timeout time.Duration
-	var user, workdir string
+	var user, workdir, worktree string
 	var env []string
 	cmd := &cobra.Command{
 		Use:   "exec [flags] -- CMD [ARGS...]",
@@ -388,11 +403,14 @@ its exit code. The command runs in its own process group; --timeout kills the
 whole group and exits 124.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkWorktreeFlag(worktree); err != nil {
+				return err
+			}
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
-			o := sandbox.ExecOptions{Cmd: args, Timeout: timeout, User: user, WorkDir: workdir, Env: map[string]string{}}
+			o := sandbox.ExecOptions{Cmd: args, Timeout: timeout, User: user, WorkDir: workdir, Env: map[string]string{}, Worktree: worktree}
 			if root {
 				o.User = "0:0"
 			}
@@ -434,6 +452,7 @@ whole group and exits 124.`,
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set an environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "kill the command after this long, e.g. 30s (0: never)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "capture the output and print the result as JSON")
+	addWorktreeFlag(cmd, &worktree)
 	return cmd
 }
 
