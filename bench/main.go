@@ -67,15 +67,15 @@ type flags struct {
 func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.IntVar(&f.nFast, "n-fast", 51, "pairs for the fast rows (create on a running VM, exec true)")
-	fs.IntVar(&f.nHeavy, "n-heavy", 7, "pairs for create from cold and spawn_task with workspace none")
-	fs.IntVar(&f.nCopy, "n-copy", 3, "pairs for spawn_task with workspace copy")
-	fs.IntVar(&f.nStream, "n-stream", 5, "pairs for the exec output stream")
-	fs.IntVar(&f.nConc, "n-concurrent", 3, "pairs of concurrent-spawn rounds")
+	fs.IntVar(&f.nFast, "n-fast", 101, "pairs for the fast rows (create on a running VM, exec true)")
+	fs.IntVar(&f.nHeavy, "n-heavy", 11, "pairs for create from cold and spawn_task with workspace none")
+	fs.IntVar(&f.nCopy, "n-copy", 5, "pairs for spawn_task with workspace copy")
+	fs.IntVar(&f.nStream, "n-stream", 7, "pairs for the exec output stream")
+	fs.IntVar(&f.nConc, "n-concurrent", 5, "pairs of concurrent-spawn rounds")
 	fs.IntVar(&f.conc, "concurrency", 20, "task sandboxes per concurrent round")
 	fs.IntVar(&f.calls, "calls", 1000, "MCP and JSON-RPC calls (each side)")
 	fs.IntVar(&f.requests, "requests", 2000, "proxy latency requests (each side)")
-	fs.IntVar(&f.nTransfer, "n-transfer", 3, "pairs of proxy transfers (download and upload)")
+	fs.IntVar(&f.nTransfer, "n-transfer", 5, "pairs of proxy transfers (download and upload)")
 	fs.Int64Var(&f.transfer, "transfer-bytes", 1<<30, "bytes per proxy transfer")
 	fs.Int64Var(&f.stream, "stream-bytes", 256<<20, "bytes per exec output stream")
 	fs.IntVar(&f.files, "files", 10000, "files in the benchmark checkout")
@@ -312,6 +312,16 @@ func parent(ctx context.Context, f *flags) (err error) {
 		e.RunID, start.UTC().Format(time.RFC3339), machine.CPUs, machine.MemTotalGiB, machine.Kernel, machine.Docker, machine.DockerAPI)
 	fmt.Print(table(rows))
 	fmt.Printf("\nratio = ours / baseline; for ms lower is better, for MB/s higher. Whole run: %s.\n", time.Since(start).Round(time.Second))
+	first := true
+	for _, r := range rows {
+		for _, n := range r.Notes {
+			if first {
+				fmt.Print("\nNotes:\n")
+				first = false
+			}
+			fmt.Printf("- %s: %s\n", r.ID, n)
+		}
+	}
 	data, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err

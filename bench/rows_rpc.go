@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/agents-sandbox/agents-sandbox/sandbox"
 )
 
 // server is one of our long-running CLI processes (mcp, serve) speaking
@@ -271,11 +273,42 @@ func runRPC(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Where ours spends its time: the two Manager calls a sandbox_status
+	// makes, in-process.
+	breakdown, err := statusBreakdown(ctx, e, 100)
+	if err != nil {
+		return nil, err
+	}
 	rows := latencyRows("7b", "JSON-RPC sandbox_status over a unix socket, round trip", "`agents-sandbox serve --listen unix:…`, one connection", "Docker Engine API GET /containers/{name}/json over its unix socket, keep-alive", o, b)
 	for i := range rows {
 		rows[i].PeakRSSMiB, rows[i].RSSSource = mib(mem.HWM), "VmHWM of the `agents-sandbox serve` process after all calls"
 	}
+	rows[0].Notes = append(rows[0].Notes, breakdown)
 	return rows, nil
+}
+
+// statusBreakdown times, in-process, the Manager.Open (resolve the checkout
+// with git, load the config layers) and Manager.Status that every
+// sandbox_status call makes.
+func statusBreakdown(ctx context.Context, e *Env, n int) (string, error) {
+	m, _, _, err := e.manager(ctx)
+	if err != nil {
+		return "", err
+	}
+	var open, status []float64
+	for i := 0; i < n; i++ {
+		t := time.Now()
+		p, err := m.Open(sandbox.OpenOptions{Dir: e.Checkout, Agent: agent, SkipTrust: true})
+		if err != nil {
+			return "", err
+		}
+		t1 := time.Now()
+		if _, err := m.Status(ctx, p); err != nil {
+			return "", err
+		}
+		open, status = append(open, ms(t1.Sub(t))), append(status, ms(time.Since(t1)))
+	}
+	return fmt.Sprintf("in-process breakdown over %d calls, median: Manager.Open %.2f ms (git and config layers), Manager.Status %.2f ms", n, summarize(open).Median, summarize(status).Median), nil
 }
 
 // dialWhenReady dials the unix socket a server we started is about to

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,32 @@ func (e *Env) baselineContainer(ctx context.Context, what string) (string, func(
 		return "", remove, err
 	}
 	return name, remove, nil
+}
+
+// stepTimes collects CreateResult.TimingsMS over runs.
+type stepTimes map[string][]float64
+
+func (s *stepTimes) add(t map[string]int64) {
+	if *s == nil {
+		*s = stepTimes{}
+	}
+	for k, v := range t {
+		(*s)[k] = append((*s)[k], float64(v))
+	}
+}
+
+// note is "Create's own timings, median ms: image 3, total 20, …".
+func (s stepTimes) note() string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s", k, num(summarize(s[k]).Median)))
+	}
+	return "Create's own step timings (CreateResult.timings_ms), median ms: " + strings.Join(parts, ", ")
 }
 
 // timed runs fn and returns its duration in milliseconds.
@@ -90,11 +117,13 @@ func runCreateFast(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 		_, err := dockerCLI(ctx, "exec", c, "true")
 		return err
 	}
+	var steps stepTimes
 	ours := func() error {
 		res, err := m.Create(ctx, p, sandbox.CreateOptions{})
 		if err == nil && res.Action != sandbox.VMReused {
 			err = fmt.Errorf("create took the %s path, not the fast path", res.Action)
 		}
+		steps.add(res.TimingsMS)
 		return err
 	}
 	o, b, err := interleave(f.nFast, 1, ours, baseline)
@@ -103,6 +132,7 @@ func runCreateFast(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 	}
 	r := pair("1", "create, image cached and VM running (attach fast path)", "Manager.Create in-process", "docker start + docker exec true on a running equivalent container", "ms", "lower", o, b)
 	r.PeakRSSMiB, r.RSSSource = selfPeakMiB(), inProcessRSS
+	r.Notes = append(r.Notes, steps.note())
 
 	var peak int64
 	oursCLI := func() error {
@@ -164,6 +194,7 @@ func runCreateCold(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 	}
 	defer removeBaseline()
 	var o, b []float64
+	var steps stepTimes
 	for i := -1; i < f.nHeavy; i++ { // i == -1: warm-up
 		if _, err := m.Remove(ctx, p, true); err != nil {
 			return nil, fmt.Errorf("remove VM and volume before run %d: %w", i, err)
@@ -182,6 +213,7 @@ func runCreateCold(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 		}
 		if i >= 0 {
 			o = append(o, d)
+			steps.add(res.TimingsMS)
 		}
 		if err := removeBaseline(); err != nil {
 			return nil, err
@@ -207,6 +239,7 @@ func runCreateCold(ctx context.Context, e *Env, f *flags) ([]Row, error) {
 	}
 	r := pair("2", "create, image cached, no VM and no volume", "Manager.Create in-process (volume, VM, init copy, start, ready, provision)", "docker volume create + docker run -d + docker exec true", "ms", "lower", o, b)
 	r.PeakRSSMiB, r.RSSSource = selfPeakMiB(), inProcessRSS
+	r.Notes = append(r.Notes, steps.note())
 	return []Row{r}, nil
 }
 
