@@ -75,7 +75,10 @@ type Deps struct {
 	Secrets     SecretSetter
 	Audit       AuditReader
 	Proxy       ProxyStatuser
-	Log         zerolog.Logger
+	// Worktrees lists worktree sessions for sandbox_status (default: Core
+	// when it implements it; without one, status lists none).
+	Worktrees WorktreeLister
+	Log       zerolog.Logger
 }
 
 // All returns the registry of every tool over deps.
@@ -91,6 +94,9 @@ func All(d Deps) *Registry {
 	}
 	if d.Proxy == nil {
 		d.Proxy, _ = d.Core.(ProxyStatuser)
+	}
+	if d.Worktrees == nil {
+		d.Worktrees, _ = d.Core.(WorktreeLister)
 	}
 	h := &handlers{Deps: d}
 	return NewRegistry(

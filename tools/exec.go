@@ -26,6 +26,9 @@ type ExecInput struct {
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
 	// OutputCapBytes bounds the bytes kept of each of stdout and stderr.
 	OutputCapBytes int `json:"output_cap_bytes,omitempty"`
+	// Worktree ("NAME[:BASE]") runs the command in that worktree session
+	// inside the VM (made when missing) instead of under /workspace.
+	Worktree string `json:"worktree,omitempty"`
 }
 
 // StreamOutput is one captured output stream.
@@ -83,7 +86,8 @@ func (h *handlers) execTool() Tool {
 		Description: "Run one command in the project's sandbox VM (created with sandbox_create; a stopped VM is started) " +
 			"and return its exit code, stdout and stderr (each capped; truncation is flagged). The checkout is at /workspace. " +
 			"cmd is an argument vector, not a shell line: use [\"bash\",\"-lc\",\"...\"] for pipes and globs. " +
-			"Output lines stream as progress notifications. A timeout or a cancellation kills the command's whole process group.",
+			"Output lines stream as progress notifications. A timeout or a cancellation kills the command's whole process group. " +
+			"With worktree (\"NAME[:BASE]\") it runs in a git worktree session inside the VM instead, leaving the host checkout untouched.",
 		InputSchema: "sandbox_exec.input.json", OutputSchema: "sandbox_exec.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: Yes, Idempotent: No, OpenWorld: Yes},
 	}, func(ctx context.Context, c Call, in *ExecInput) (ExecOutput, string, error) {
@@ -95,6 +99,9 @@ func (h *handlers) execTool() Tool {
 		if err != nil {
 			return ExecOutput{}, "", err
 		}
+		if err := checkWorktree(tool, in.Worktree); err != nil {
+			return ExecOutput{}, "", err
+		}
 		p, err := h.open(ctx, tool, in.Target)
 		if err != nil {
 			return ExecOutput{}, "", err
@@ -102,7 +109,7 @@ func (h *handlers) execTool() Tool {
 		rep := newReporter(c)
 		stdout, stderr := rep.writer("stdout: "), rep.writer("stderr: ")
 		opts := sandbox.ExecOptions{Cmd: in.Cmd, User: in.User, WorkDir: in.WorkDir, Env: env,
-			Timeout: seconds(in.TimeoutSeconds), OutputCap: in.OutputCapBytes, Stdout: stdout, Stderr: stderr}
+			Timeout: seconds(in.TimeoutSeconds), OutputCap: in.OutputCapBytes, Stdout: stdout, Stderr: stderr, Worktree: in.Worktree}
 		if in.Stdin != "" {
 			opts.Stdin = strings.NewReader(in.Stdin)
 		}
@@ -110,7 +117,7 @@ func (h *handlers) execTool() Tool {
 		stdout.flush()
 		stderr.flush()
 		if err != nil {
-			return ExecOutput{}, "", err
+			return ExecOutput{}, "", worktreeError(tool, err)
 		}
 		out := execOutput(r)
 		return out, execSummary(fmt.Sprintf("%q", strings.Join(in.Cmd, " ")), out), nil
@@ -128,6 +135,9 @@ type AttachInput struct {
 	Env            []string `json:"env,omitempty"`
 	TimeoutSeconds int      `json:"timeout_seconds,omitempty"`
 	OutputCapBytes int      `json:"output_cap_bytes,omitempty"`
+	// Worktree ("NAME[:BASE]") runs the agent in that worktree session
+	// inside the VM (made when missing) instead of under /workspace.
+	Worktree string `json:"worktree,omitempty"`
 }
 
 func (h *handlers) attachTool() Tool {
@@ -136,13 +146,17 @@ func (h *handlers) attachTool() Tool {
 		Title: "Run the agent in the project's sandbox",
 		Description: "Run the project's agent in its sandbox VM without a terminal: the agent's attach command (or, with headless, " +
 			"its headless one-prompt command) with args appended, started after the agent's daemon is up. Returns exit code, stdout " +
-			"and stderr like sandbox_exec. The VM must exist (sandbox_create).",
+			"and stderr like sandbox_exec. The VM must exist (sandbox_create). With worktree (\"NAME[:BASE]\") the agent works in a git " +
+			"worktree session inside the VM (branch agents-sandbox/NAME) and the host checkout is left untouched.",
 		InputSchema: "sandbox_attach.input.json", OutputSchema: "sandbox_attach.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: Yes, Idempotent: No, OpenWorld: Yes},
 	}, func(ctx context.Context, c Call, in *AttachInput) (ExecOutput, string, error) {
 		const tool = "sandbox_attach"
 		env, err := parseEnv(tool, "/env", in.Env)
 		if err != nil {
+			return ExecOutput{}, "", err
+		}
+		if err := checkWorktree(tool, in.Worktree); err != nil {
 			return ExecOutput{}, "", err
 		}
 		p, err := h.open(ctx, tool, in.Target)
@@ -152,11 +166,11 @@ func (h *handlers) attachTool() Tool {
 		rep := newReporter(c)
 		stdout, stderr := rep.writer("stdout: "), rep.writer("stderr: ")
 		r, err := h.Core.Attach(ctx, p, sandbox.AttachOptions{Args: in.Args, Headless: in.Headless, Env: env,
-			Timeout: seconds(in.TimeoutSeconds), OutputCap: in.OutputCapBytes, Stdout: stdout, Stderr: stderr})
+			Timeout: seconds(in.TimeoutSeconds), OutputCap: in.OutputCapBytes, Stdout: stdout, Stderr: stderr, Worktree: in.Worktree})
 		stdout.flush()
 		stderr.flush()
 		if err != nil {
-			return ExecOutput{}, "", err
+			return ExecOutput{}, "", worktreeError(tool, err)
 		}
 		out := execOutput(r)
 		return out, execSummary("agent "+p.Names.Agent, out), nil

@@ -174,20 +174,25 @@ func (h *handlers) statusTool() Tool {
 		Name:  "sandbox_status",
 		Title: "Show the state of the project's sandbox",
 		Description: "Report the project's sandbox VM for the agent: its state (running, stopped, missing, ...), image, home volume, " +
-			"user, network and times. Changes nothing; a VM that does not exist is state \"missing\", not an error.",
+			"user, network and times, and, while it runs, its worktree sessions (branch, base, ahead/behind, dirty). " +
+			"Changes nothing; a VM that does not exist is state \"missing\", not an error.",
 		InputSchema: "sandbox_status.input.json", OutputSchema: "sandbox_status.output.json",
 		Hints: Hints{ReadOnly: Yes, Destructive: No, Idempotent: Yes, OpenWorld: No},
-	}, func(ctx context.Context, c Call, in *StatusInput) (StatusOutput, string, error) {
+	}, func(ctx context.Context, c Call, in *StatusInput) (StatusToolOutput, string, error) {
 		p, err := h.inspect(ctx, "sandbox_status", in.InspectTarget)
 		if err != nil {
-			return StatusOutput{}, "", err
+			return StatusToolOutput{}, "", err
 		}
 		s, err := h.Core.Status(ctx, p)
 		if err != nil {
-			return StatusOutput{}, "", err
+			return StatusToolOutput{}, "", err
 		}
-		out := statusOutput(p, s)
-		return out, statusText(out), nil
+		out := StatusToolOutput{StatusOutput: statusOutput(p, s), Worktrees: h.statusWorktrees(ctx, p, s)}
+		text := statusText(out.StatusOutput)
+		if n := len(out.Worktrees); n > 0 {
+			text += "; " + plural(n, "worktree session", "worktree sessions")
+		}
+		return out, text, nil
 	})
 }
 

@@ -29,6 +29,9 @@ type SpawnTaskInput struct {
 	Keep           bool           `json:"keep,omitempty"`
 	OutputCapBytes int            `json:"output_cap_bytes,omitempty"`
 	Resources      *TaskResources `json:"resources,omitempty"`
+	// Worktree ("NAME[:BASE]") runs the task in that worktree session
+	// (made when missing), on the project VM's home volume.
+	Worktree string `json:"worktree,omitempty"`
 }
 
 // SpawnTaskOutput is how a task ended.
@@ -44,6 +47,8 @@ type SpawnTaskOutput struct {
 	Changed       []string     `json:"changed"`
 	Diff          string       `json:"diff"`
 	DiffTruncated bool         `json:"diff_truncated"`
+	// Worktree is the worktree session after the task (worktree tasks).
+	Worktree *WorktreeInfo `json:"worktree,omitempty"`
 }
 
 func (h *handlers) spawnTaskTool() Tool {
@@ -54,13 +59,18 @@ func (h *handlers) spawnTaskTool() Tool {
 			"project's runner image, then remove it (unless keep). It never touches the project VM. workspace \"copy\" (default) " +
 			"gives the task a private copy of the checkout and returns the files it changed and a unified diff that `git apply` " +
 			"takes in the checkout; \"mount\" shares the host checkout read-write; \"none\" gives an empty /workspace. " +
-			"Safe to call many times in parallel. Builds the image first if needed (progress is reported).",
+			"Safe to call many times in parallel. Builds the image first if needed (progress is reported). " +
+			"With worktree (\"NAME[:BASE]\") the task works in that git worktree session of the project VM's home volume instead " +
+			"(branch agents-sandbox/NAME; the host checkout is left untouched) and returns the session's state.",
 		InputSchema: "sandbox_spawn_task.input.json", OutputSchema: "sandbox_spawn_task.output.json",
 		Hints: Hints{ReadOnly: No, Destructive: No, Idempotent: No, OpenWorld: Yes},
 	}, func(ctx context.Context, c Call, in *SpawnTaskInput) (SpawnTaskOutput, string, error) {
 		const tool = "sandbox_spawn_task"
 		env, err := parseEnv(tool, "/env", in.Env)
 		if err != nil {
+			return SpawnTaskOutput{}, "", err
+		}
+		if err := checkWorktree(tool, in.Worktree); err != nil {
 			return SpawnTaskOutput{}, "", err
 		}
 		p, err := h.open(ctx, tool, in.Target)
@@ -71,7 +81,7 @@ func (h *handlers) spawnTaskTool() Tool {
 		stdout, stderr := rep.writer("stdout: "), rep.writer("stderr: ")
 		opts := sandbox.TaskOptions{Cmd: in.Cmd, AgentArgs: in.AgentArgs, Env: env, Timeout: seconds(in.TimeoutSeconds),
 			Workspace: sandbox.WorkspaceMode(in.Workspace), Home: sandbox.HomeMode(in.Home), Keep: in.Keep,
-			OutputCap: in.OutputCapBytes, Stdout: stdout, Stderr: stderr, Progress: rep.line}
+			OutputCap: in.OutputCapBytes, Stdout: stdout, Stderr: stderr, Progress: rep.line, Worktree: in.Worktree}
 		if in.Resources != nil {
 			res := p.Config.Resources
 			if in.Resources.CPUs != 0 {
@@ -92,7 +102,7 @@ func (h *handlers) spawnTaskTool() Tool {
 		stdout.flush()
 		stderr.flush()
 		if err != nil {
-			return SpawnTaskOutput{}, "", err
+			return SpawnTaskOutput{}, "", worktreeError(tool, err)
 		}
 		out := SpawnTaskOutput{Name: r.Name, Kept: r.Kept, ExitCode: r.ExitCode, Stdout: streamOutput(r.Stdout), Stderr: streamOutput(r.Stderr),
 			TimedOut: r.TimedOut, DurationMS: r.DurationMS, Workspace: r.Workspace, Changed: orEmpty(r.Changed), Diff: r.Diff, DiffTruncated: r.DiffTruncated}
@@ -104,6 +114,14 @@ func (h *handlers) spawnTaskTool() Tool {
 			text += "; " + plural(len(out.Changed), "file", "files") + " changed"
 			if out.DiffTruncated {
 				text += " (diff truncated)"
+			}
+		}
+		if r.Worktree != nil {
+			wi := worktreeInfo(*r.Worktree)
+			out.Worktree = &wi
+			text += fmt.Sprintf("; worktree session %s: %s, %d ahead and %d behind %s", wi.Name, wi.Branch, wi.Ahead, wi.Behind, wi.Base)
+			if wi.Dirty {
+				text += ", uncommitted changes"
 			}
 		}
 		if r.Kept {
