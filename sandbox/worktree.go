@@ -26,7 +26,8 @@ package sandbox
 // from the host's own submodule repositories (.git/modules/NAME, read-only);
 // a submodule the host never checked out, or one whose repository lacks the
 // recorded commit, stays uninitialised (a warning says so) and the agent can
-// initialise it itself from its URL. Git LFS is off in the private
+// initialise it itself from its URL; nested submodules stay uninitialised
+// (a warning says so). Git LFS is off in the private
 // repository (the filters are `cat`): LFS pointers stay pointers, and a
 // large file the agent adds is committed as a plain blob.
 
@@ -293,16 +294,20 @@ else
   if [ -f "$wt/.gitmodules" ]; then
     (
       cd "$wt"
-      git submodule init >/dev/null 2>&1 || true
       git config -f .gitmodules --get-regexp '^submodule\..*\.path$' 2>/dev/null | while read -r key p; do
         name=${key#submodule.}; name=${name%.path}
         found=
         for d in $AS_MODULE_DIRS; do
-          if [ -d "$d/modules/$name" ]; then git config "submodule.$name.url" "$d/modules/$name"; found=1; break; fi
+          if [ -d "$d/modules/$name" ]; then
+            git submodule init -- "$p" >/dev/null 2>&1 || true
+            git config "submodule.$name.url" "$d/modules/$name"
+            found=1; break
+          fi
         done
         [ -n "$found" ] || echo "warning: submodule $p is not checked out on the host; it stays uninitialised (initialise it in the session with git submodule update --init $p)" >&2
       done
-      git -c protocol.file.allow=always submodule update --recursive >/dev/null 2>&1 || echo "warning: some submodules could not be checked out from the host's submodule repositories; see git submodule status in the session" >&2
+      git -c protocol.file.allow=always submodule update >/dev/null 2>&1 || echo "warning: some submodules could not be checked out from the host's submodule repositories; see git submodule status in the session" >&2
+      git submodule foreach -q '[ ! -f .gitmodules ] || echo "warning: the nested submodules of $sm_path stay uninitialised"' >&2 2>/dev/null || true
     )
   fi
   echo created
@@ -490,6 +495,15 @@ func hostGit(ctx context.Context, p *Project, args ...string) (string, string, e
 	return strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String()), err
 }
 
+// badBaseError is a BASE that names no commit: ErrInvalid and ErrBadWorktree,
+// with a message that names the input and the fix.
+type badBaseError struct{ spec, msg string }
+
+func (e *badBaseError) Error() string {
+	return fmt.Sprintf("worktree %s: %v: %v: %s", e.spec, ErrInvalid, ErrBadWorktree, e.msg)
+}
+func (e *badBaseError) Unwrap() []error { return []error{ErrInvalid, ErrBadWorktree} }
+
 // worktreeBase is BASE resolved in the host checkout.
 type worktreeBase struct {
 	Spec   string // as given, "HEAD" by default
@@ -515,9 +529,9 @@ func resolveWorktreeBase(ctx context.Context, p *Project, spec WorktreeSpec) (wo
 			why += " (" + stderr + ")"
 		}
 		if spec.Base == "" {
-			return b, fmt.Errorf("worktree %s: %w: %w: the checkout's HEAD names no commit (no commits yet?); commit something first, or give a base as %s:BASE", spec.Name, ErrInvalid, ErrBadWorktree, spec.Name)
+			return b, &badBaseError{spec.Name, fmt.Sprintf("the checkout's HEAD names no commit (no commits yet?); commit something first, or give a base as %s:BASE", spec.Name)}
 		}
-		return b, fmt.Errorf("worktree %s: %w: %w: BASE %q: %s; name an existing branch, tag or commit (git branch -a and git tag list them), e.g. %s:main", spec, ErrInvalid, ErrBadWorktree, spec.Base, why, spec.Name)
+		return b, &badBaseError{spec.String(), fmt.Sprintf("BASE %q: %s; name an existing branch, tag or commit (git branch -a and git tag list them), e.g. %s:main", spec.Base, why, spec.Name)}
 	}
 	b.Commit = commit
 	if full, _, err := hostGit(ctx, p, "rev-parse", "--symbolic-full-name", b.Spec); err == nil {
@@ -588,8 +602,11 @@ func (m *Manager) openWorktreeIn(ctx context.Context, p *Project, vm, user strin
 		return WorktreeSession{}, baseErr
 	}
 	baseErrText := ""
-	if baseErr != nil {
-		baseErrText = baseErr.Error()
+	var bb *badBaseError
+	if errors.As(baseErr, &bb) {
+		baseErrText = bb.msg
+	} else if baseErr != nil {
+		return WorktreeSession{}, baseErr
 	}
 	subdir := ""
 	if p.ID.WorkTree != "" {
@@ -854,7 +871,7 @@ func (m *Manager) ExportWorktree(ctx context.Context, p *Project, name string, o
 		refspec = "+" + refspec
 	}
 	fetch := func(extra ...string) (string, error) {
-		args := append([]string{"--git-dir=" + p.ID.GitCommonDir, "fetch", "--quiet", "--no-tags"}, extra...)
+		args := append([]string{"--git-dir=" + p.ID.GitCommonDir, "fetch", "--no-tags", "--no-progress"}, extra...)
 		args = append(args, local, refspec)
 		_, stderr, err := hostGit(ctx, p, args...)
 		return stderr, err
