@@ -50,15 +50,22 @@ func Kill(runDir, id string, sig syscall.Signal) error {
 
 func killSession(s Session, sig syscall.Signal) error {
 	var errs []error
-	if err := sendSignal(-s.PGID, sig); err != nil {
-		errs = append(errs, err)
-	}
+	// The descendants are listed before the group is signalled: once a
+	// parent in the group dies, its orphans are reparented (to a subreaper
+	// above the wrapper, or to init) and no longer look like descendants.
+	var below []procStat
 	if sig == syscall.SIGTERM || sig == syscall.SIGKILL {
 		all, err := processes()
 		if err != nil {
 			errs = append(errs, err)
 		}
-		for _, p := range descendants(all, s.PID) {
+		below = descendants(all, s.PID)
+	}
+	if err := sendSignal(-s.PGID, sig); err != nil {
+		errs = append(errs, err)
+	}
+	if sig == syscall.SIGTERM || sig == syscall.SIGKILL {
+		for _, p := range below {
 			if p.State == 'Z' || p.PGRP == s.PGID {
 				continue
 			}
