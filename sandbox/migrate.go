@@ -339,7 +339,8 @@ func (mg *migration) run(ctx context.Context, agent string) (*State, error) {
 	sort.Strings(names)
 	// The checkout's state is read, changed and written under its VM locks,
 	// as Create does; in sorted order, so two migrations cannot deadlock.
-	mg.locks = map[string]bool{}
+	// SaveState holds the state lock while it writes.
+	mg.locks = map[string]bool{filepath.Base(LockFile(mg.dir, "state")): true}
 	for _, a := range names {
 		path := LockFile(mg.dir, "vm-"+a)
 		mg.locks[filepath.Base(path)] = true

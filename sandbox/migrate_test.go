@@ -490,6 +490,7 @@ func TestMigrateFullLayout(t *testing.T) {
 		"merge-state state.json",
 		"move ca/",
 		"move notes/",
+		"drop state.lock", // SaveState's lock, left in the legacy dir by the seeding
 		"drop vm-shell.lock",
 		"remove-dir " + lg.layout.StateDir,
 	}
@@ -618,7 +619,7 @@ func TestMigrateTargetExists(t *testing.T) {
 		files: map[string]string{"notes.txt": "the legacy one\n", "ca/ca.pem": "same\n", "ca/extra.pem": "extra\n", "vm-shell.lock": ""}})
 
 	rep := e.migrate(t, p, false)
-	want := []string{"merge-state state.json", "drop ca/ca.pem", "move ca/extra.pem", "drop vm-shell.lock"}
+	want := []string{"merge-state state.json", "drop ca/ca.pem", "move ca/extra.pem", "drop state.lock", "drop vm-shell.lock"}
 	if got := mgSteps(rep); !reflect.DeepEqual(got, want) {
 		t.Errorf("actions:\n got %q\nwant %q", got, want)
 	}
@@ -896,7 +897,7 @@ func TestMigrateDryRun(t *testing.T) {
 		t.Errorf("the dry run changed the engine's objects:\nbefore\n%s\nafter\n%s", strings.Join(objects, "\n"), strings.Join(got, "\n"))
 	}
 
-	wantSteps := []string{"record-volume " + lg.volume, "destroy-vm " + lg.vm, "merge-state state.json", "drop vm-shell.lock"}
+	wantSteps := []string{"record-volume " + lg.volume, "destroy-vm " + lg.vm, "merge-state state.json", "drop state.lock", "drop vm-shell.lock"}
 	if got := mgSteps(dry); !dry.DryRun || !dry.Found || dry.Complete || !reflect.DeepEqual(got, wantSteps) {
 		t.Errorf("dry-run report: dry %v found %v complete %v actions %q, want %q", dry.DryRun, dry.Found, dry.Complete, got, wantSteps)
 	}
