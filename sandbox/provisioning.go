@@ -109,7 +109,16 @@ func (m *Manager) provisionLocked(ctx context.Context, p *Project, st *State, vm
 	as := st.Agent(p.Names.Agent)
 	write, remove, unchanged := provision.Diff(as.Provisioned, plan)
 
-	uid, gid, err := m.userIDs(ctx, vm, user)
+	// Provisioned files belong to dev, also when commands run as root
+	// (RunAsRoot): root reads them anyway, and dev keeps its home.
+	owner := user
+	if owner == "0:0" && m.RunAsRoot {
+		owner = "dev"
+	}
+	uid, gid, err := m.userIDs(ctx, vm, owner)
+	if err != nil && owner != user {
+		uid, gid, err = m.userIDs(ctx, vm, user) // an image without dev
+	}
 	if err != nil {
 		return res, err
 	}
