@@ -83,3 +83,14 @@ func (h *handlers) statusWorktrees(ctx context.Context, p *sandbox.Project, s sa
 	}
 	return out
 }
+
+// Worktrees lists the worktree sessions once the engine answers.
+func (l *LazyManager) Worktrees(ctx context.Context, p *sandbox.Project, o sandbox.WorktreeListOptions) ([]sandbox.WorktreeSession, error) {
+	m, err := l.ready(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return m.Worktrees(ctx, p, o)
+}
+
+var _ WorktreeLister = (*LazyManager)(nil)
