@@ -296,7 +296,7 @@ func (m *Manager) vmSpec(p *Project, img imageState, vol string, eg egress) (VMS
 		mem, _ = ParseBytes(cfg.Resources.Memory)
 	}
 	idle := cfg.IdleTimeout.Duration
-	initHash, err := fileSHA256(m.InitBinary)
+	initHash, err := m.initHash()
 	if err != nil {
 		return VMSpec{}, "", fmt.Errorf("init binary %q: %w (build agents-sandbox statically and run that binary)", m.InitBinary, err)
 	}
@@ -381,6 +381,7 @@ func (m *Manager) createVM(ctx context.Context, spec VMSpec) (err error) {
 	if err != nil {
 		return err
 	}
+	defer tr.Close()
 	if err := m.RT.CopyTo(ctx, spec.Name, "/", tr); err != nil {
 		return fmt.Errorf("copy init binary into VM %q: %w", spec.Name, err)
 	}
@@ -393,32 +394,66 @@ func (m *Manager) createVM(ctx context.Context, spec VMSpec) (err error) {
 // initTar is a tar holding the init binary at InitPath (root-owned, 0755).
 // The binary must be a static linux executable: it runs inside images that
 // may have no C library.
-func initTar(bin string) (io.Reader, error) {
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		return nil, fmt.Errorf("read init binary %q: %w", bin, err)
-	}
+func initTar(bin string) (io.ReadCloser, error) {
 	if err := checkStatic(bin); err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dirs := []string{"usr/", "usr/local/", "usr/local/lib/", "usr/local/lib/agents-sandbox/"}
-	for _, d := range dirs {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
-			return nil, err
+	f, err := os.Open(bin)
+	if err != nil {
+		return nil, fmt.Errorf("read init binary %q: %w", bin, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("read init binary %q: %w", bin, err)
+	}
+	// Streamed through a pipe: the binary is tens of MiB, and many VMs
+	// may start at once.
+	pr, pw := io.Pipe()
+	go func() {
+		defer f.Close()
+		tw := tar.NewWriter(pw)
+		err := func() error {
+			for _, d := range []string{"usr/", "usr/local/", "usr/local/lib/", "usr/local/lib/agents-sandbox/"} {
+				if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
+					return err
+				}
+			}
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(InitPath, "/"), Mode: 0o755, Size: fi.Size(), ModTime: time.Unix(0, 0)}); err != nil {
+				return err
+			}
+			if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
+				return fmt.Errorf("read init binary %q: %w", bin, err)
+			}
+			return tw.Close()
+		}()
+		pw.CloseWithError(err)
+	}()
+	return pr, nil
+}
+
+// initHash returns the SHA-256 of the init binary, cached by path, size and
+// modification time (hashing tens of MiB on every Create would dominate its
+// fast path).
+func (m *Manager) initHash() (string, error) {
+	fi, err := os.Stat(m.InitBinary)
+	if err != nil {
+		return "", err
+	}
+	key := fmt.Sprintf("%s\x00%d\x00%d", m.InitBinary, fi.Size(), fi.ModTime().UnixNano())
+	if m.hashes != nil {
+		if v, ok := m.hashes.Load(key); ok {
+			return v.(string), nil
 		}
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(InitPath, "/"), Mode: 0o755, Size: int64(len(data)), ModTime: time.Unix(0, 0)}); err != nil {
-		return nil, err
+	h, err := fileSHA256(m.InitBinary)
+	if err != nil {
+		return "", err
 	}
-	if _, err := tw.Write(data); err != nil {
-		return nil, err
+	if m.hashes != nil {
+		m.hashes.Store(key, h)
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return &buf, nil
+	return h, nil
 }
 
 // waitReady waits until the VM answers an exec of its init binary.

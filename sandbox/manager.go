@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -47,6 +48,10 @@ type Manager struct {
 	RunAsRoot bool
 	// Now returns the current time (time.Now by default).
 	Now func() time.Time
+
+	// hashes caches init binary hashes (see initHash); nil: no cache.
+	// A pointer, so that copies of a Manager share it.
+	hashes *sync.Map
 }
 
 // NewManager returns a Manager with defaults for everything opts leaves zero.
@@ -56,7 +61,7 @@ func NewManager(rt Runtime, dirs Dirs, log zerolog.Logger) (*Manager, error) {
 		return nil, fmt.Errorf("find own executable: %w", err)
 	}
 	uid, gid := DevIDs(os.Getuid(), os.Getgid())
-	return &Manager{RT: rt, Dirs: dirs, Log: log, InitBinary: exe, Environ: os.Environ(), HostUID: uid, HostGID: gid, RunAsRoot: os.Getuid() == 0, Now: time.Now}, nil
+	return &Manager{RT: rt, Dirs: dirs, Log: log, InitBinary: exe, Environ: os.Environ(), HostUID: uid, HostGID: gid, RunAsRoot: os.Getuid() == 0, Now: time.Now, hashes: &sync.Map{}}, nil
 }
 
 func (m *Manager) now() time.Time {

@@ -316,6 +316,7 @@ func (m *Manager) SpawnTask(ctx context.Context, p *Project, o TaskOptions) (Tas
 	if err != nil {
 		return res, err
 	}
+	defer tr.Close()
 	if err := m.RT.CopyTo(ctx, name, "/", tr); err != nil {
 		return res, fmt.Errorf("copy init binary into task %q: %w", name, err)
 	}
