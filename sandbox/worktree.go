@@ -232,11 +232,15 @@ status_line() {
 
 // worktreeRootScript lets git (run by any user in the VM) read the host
 // repository and its submodule repositories under the read-only mount,
-// whoever owns them there (git's safe.directory, in the VM's system config).
+// whoever owns them there, and use the private repository and the session's
+// worktree as another user than their owner (shell --root): git's
+// safe.directory, in the VM's system config.
 const worktreeRootScript = `set -eu
 command -v git >/dev/null 2>&1 || exit 0
-[ -d "$AS_HOST_GIT" ] || exit 0
 add() { git config --system --get-all safe.directory 2>/dev/null | grep -qxF "$1" || git config --system --add safe.directory "$1"; }
+add "$AS_REPO"
+add "$AS_WORKTREES/$AS_NAME"
+[ -d "$AS_HOST_GIT" ] || exit 0
 add "$AS_HOST_GIT"
 for top in $AS_MODULE_DIRS; do
   [ -d "$top/modules" ] || continue
@@ -621,7 +625,7 @@ func (m *Manager) openWorktreeIn(ctx context.Context, p *Project, vm, user strin
 		return WorktreeSession{}, fmt.Errorf("%s: %w", what, err)
 	}
 	defer lock.Unlock()
-	rootEnv := map[string]string{"AS_MODULE_DIRS": strings.Join(modules, " ")}
+	rootEnv := map[string]string{"AS_NAME": spec.Name, "AS_MODULE_DIRS": strings.Join(modules, " ")}
 	if _, err := m.worktreeScript(ctx, vm, "0:0", what+": let git read "+HostGitDir, worktreeRootScript, rootEnv, nil); err != nil {
 		return WorktreeSession{}, err
 	}
