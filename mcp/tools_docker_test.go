@@ -318,10 +318,18 @@ func TestProgressDocker(t *testing.T) {
 		if err != nil || res.IsError {
 			t.Fatalf("exec: %v %s", err, resultText(res))
 		}
+		// The in-process transport may deliver notifications out of order:
+		// wait for every line, not only the last one sent.
 		waitFor(t, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return strings.Contains(strings.Join(msgs, "\n"), "stderr: oops")
+			all := strings.Join(msgs, "\n")
+			for _, want := range []string{"stdout: line1", "stdout: line5", "stderr: oops"} {
+				if !strings.Contains(all, want) {
+					return false
+				}
+			}
+			return true
 		})
 		mu.Lock()
 		defer mu.Unlock()
