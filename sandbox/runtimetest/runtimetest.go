@@ -262,6 +262,18 @@ func (s *suite) testVMLifecycle(t *testing.T) {
 		t.Errorf("RemoveVM without force on a running VM: err = %v, want ErrConflict", err)
 	}
 
+	// A SIGTERM that reaches the init before it runs its child is lost:
+	// wait until the sleeper runs (busybox and Debian both have pidof).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		r, err := s.rt.Exec(ctx, name, sandbox.ExecRequest{Cmd: []string{"pidof", sleeper[0]}})
+		if err == nil && r.ExitCode == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the VM's command %v did not start within 30 s (exec: %v, exit %d)", sleeper, err, r.ExitCode)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	start := time.Now()
 	if err := s.rt.StopVM(ctx, name, 10*time.Second); err != nil {
 		t.Fatalf("StopVM: %v", err)
