@@ -2,7 +2,6 @@ package mcp_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -150,18 +149,6 @@ func removeRunnerImages(ctx context.Context, rt sandbox.Runtime, slug string) {
 				fmt.Fprintf(os.Stderr, "cleanup: remove image %s: %v\n", ref, err)
 			}
 		}
-	}
-}
-
-// decode re-encodes v (a result's structured content) into out.
-func decode(t *testing.T, v any, out any) {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("decode %s: %v", b, err)
 	}
 }
 

@@ -95,7 +95,7 @@ func verifyDestination(req *http.Request, tun *tunnel) (destination, error) {
 	if req.Host != "" {
 		hh, hp, err := splitHostPortDefault(req.Host, defPort)
 		if err != nil {
-			return destination{}, fmt.Errorf("Host header: %w", err)
+			return destination{}, fmt.Errorf("the Host header: %w", err)
 		}
 		if hh != uh || hp != up {
 			return destination{}, fmt.Errorf("the Host header %q does not match the request URL host %q", truncate(req.Host, 256), truncate(req.URL.Host, 256))

@@ -531,10 +531,10 @@ func TestWorktreeBareCheckout(t *testing.T) {
 	project := gittest.BareWithWorktrees(t, src, filepath.Join(e.root, "bareproj"), "wt1", "wt2")
 	// A bare checkout's configuration lives in the project directory.
 	lcWrite(t, filepath.Join(project, ".agents-sandbox", "config.toml"), wtConfig, 0o644)
-	wt1Head := gittest.Commit(t, filepath.Join(project, "wt1"), "only-in-wt1.txt", "wt1\n", "wt1 work")
+	gittest.Commit(t, filepath.Join(project, "wt1"), "only-in-wt1.txt", "wt1\n", "wt1 work")
 	lcWrite(t, filepath.Join(project, "wt1", "sub", "keep"), "", 0o644)
 	gittest.Git(t, filepath.Join(project, "wt1"), "add", "-A")
-	wt1Head = gittest.Commit(t, filepath.Join(project, "wt1"), "sub/file", "f\n", "sub dir")
+	wt1Head := gittest.Commit(t, filepath.Join(project, "wt1"), "sub/file", "f\n", "sub dir")
 	p := e.open(t, filepath.Join(project, "wt1", "sub"), nil)
 	if !p.ID.Bare || p.ID.ProjectDir != project {
 		t.Fatalf("identity %+v: want a bare checkout at %s", p.ID, project)
