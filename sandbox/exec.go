@@ -144,6 +144,10 @@ func (m *Manager) execIn(ctx context.Context, vm, defUser, defDir string, o Exec
 	if o.Daemon {
 		cmd = append(cmd, "--daemon")
 	}
+	if o.TTY && o.Resize != nil {
+		// The first size reaches the terminal just after the exec starts.
+		cmd = append(cmd, "--wait-tty-size", "1s")
+	}
 	if o.Timeout > 0 {
 		// A backstop inside the VM in case this process dies: a little
 		// later than the host-side kill below.

@@ -69,6 +69,7 @@ func newVMExecCommand(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&o.ID, "id", "", "session id")
 	cmd.Flags().BoolVar(&o.Daemon, "daemon", false, "a background service: does not keep the VM busy")
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 0, "kill the process group after this long")
+	cmd.Flags().DurationVar(&o.WaitTTYSize, "wait-tty-size", 0, "wait up to this long for the terminal to get a size before starting")
 	cmd.Flags().StringVar(&o.WorkDir, "workdir", "", "working directory")
 	cmd.Flags().StringArrayVar(&o.Env, "env", nil, "KEY=VALUE to add to the environment")
 	cmd.Flags().StringVar(&o.RunDir, "run-dir", "", "session directory (default /run/agents-sandbox)")

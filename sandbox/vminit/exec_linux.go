@@ -156,6 +156,9 @@ func (w *wrapper) run(ctx context.Context) int {
 			// foreground group, or it stops with SIGTTIN when it reads;
 			// Ctrl-C and window resizes then reach it from the terminal.
 			cmd.SysProcAttr = &syscall.SysProcAttr{Foreground: true, Ctty: fd}
+			if o.WaitTTYSize > 0 {
+				waitTTYSize(fd, o.WaitTTYSize)
+			}
 			break
 		}
 	}
@@ -529,4 +532,19 @@ func randomID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b[:])
+}
+
+// waitTTYSize waits (at most max) until the terminal on fd has a size. The
+// engine sets the size of an exec's terminal only after the exec started:
+// a command that reads it at once (stty size, a full-screen program's first
+// frame) would otherwise see 0x0.
+func waitTTYSize(fd int, max time.Duration) {
+	deadline := time.Now().Add(max)
+	for {
+		ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
+		if err != nil || (ws.Row > 0 && ws.Col > 0) || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -110,6 +110,10 @@ type ExecOptions struct {
 	Timeout time.Duration
 	// KillAfter is the SIGTERM → SIGKILL delay; 0: DefaultKillAfter.
 	KillAfter time.Duration
+	// WaitTTYSize, when positive, waits up to that long for the command's
+	// terminal to get a size before starting it (the engine resizes an
+	// exec's terminal only after it started).
+	WaitTTYSize time.Duration
 	// WorkDir is the command's working directory; empty: the wrapper's.
 	WorkDir string
 	// Env holds KEY=VALUE entries added to (overriding) the inherited
