@@ -53,9 +53,19 @@ func NewRPCServer(o Options) (*RPCServer, error) {
 // calls still running, waits for them and returns. Calls run concurrently:
 // a slow call never delays reading the next message or a cancellation.
 func (s *RPCServer) ServeConn(ctx context.Context, rw io.ReadWriteCloser) error {
+	return s.serveConn(ctx, rw, false)
+}
+
+// serveConn is ServeConn; with finishOnEOF the end of the input does not
+// cancel the calls in flight: they run to the end and are answered first
+// (for a script that pipes its requests in and closes its end).
+func (s *RPCServer) serveConn(ctx context.Context, rw io.ReadWriteCloser, finishOnEOF bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	h := &rpcHandler{s: s, ctx: ctx, inflight: map[jsonrpc2.ID]context.CancelFunc{}}
+	if finishOnEOF {
+		rw = &drainOnEOF{ReadWriteCloser: rw, wait: h.wg.Wait}
+	}
 	stream := newLineStream(rw, MaxMessageBytes, func(code int, msg string) {
 		s.log.Debug().Int("code", code).Str("error", msg).Msg("bad message")
 	})
@@ -70,9 +80,27 @@ func (s *RPCServer) ServeConn(ctx context.Context, rw io.ReadWriteCloser) error 
 	return nil
 }
 
-// ServeStdio serves one JSON-RPC connection over in and out.
+// ServeStdio serves one JSON-RPC connection over in and out. When in ends,
+// the calls still running are finished and answered before it returns
+// (cancelling ctx, as SIGTERM does, cancels them instead).
 func (s *RPCServer) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) error {
-	return s.ServeConn(ctx, stdioConn{in: in, out: out})
+	return s.serveConn(ctx, stdioConn{in: in, out: out}, true)
+}
+
+// drainOnEOF holds back the end of the input until the calls in flight have
+// been answered. Calls register (wg.Add) while their request is handled on
+// the read loop, so every call read before the end is waited for.
+type drainOnEOF struct {
+	io.ReadWriteCloser
+	wait func()
+}
+
+func (d *drainOnEOF) Read(p []byte) (int, error) {
+	n, err := d.ReadWriteCloser.Read(p)
+	if errors.Is(err, io.EOF) && n == 0 {
+		d.wait()
+	}
+	return n, err
 }
 
 type stdioConn struct {

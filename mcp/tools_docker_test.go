@@ -447,3 +447,35 @@ func waitFor(t *testing.T, cond func() bool) {
 		<-tick.C
 	}
 }
+
+// TestRPCStdioPipeFinishesCalls: a script that pipes one request in and
+// closes its end still gets the answer of a call that outlives the input.
+func TestRPCStdioPipeFinishesCalls(t *testing.T) {
+	p := dockerProject(t)
+	ensureCreated(t, p)
+	srv, err := mcp.NewRPCServer(p.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fmt.Sprintf(`{"jsonrpc":"2.0","id":7,"method":"sandbox_exec","params":{"checkout":%q,"cmd":["sh","-c","sleep 1; echo finished"]}}`+"\n", p.dir)
+	var out bytes.Buffer
+	if err := srv.ServeStdio(context.Background(), strings.NewReader(req), &out); err != nil {
+		t.Fatal(err)
+	}
+	var got *tools.ExecOutput
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m struct {
+			ID     *int              `json:"id"`
+			Result *tools.ExecOutput `json:"result"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("output line not JSON: %q", line)
+		}
+		if m.ID != nil && *m.ID == 7 {
+			got = m.Result
+		}
+	}
+	if got == nil || got.ExitCode != 0 || got.Stdout.Text != "finished\n" {
+		t.Errorf("answer to the piped call: %+v\noutput:\n%s", got, out.String())
+	}
+}
