@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -72,7 +73,7 @@ func projectTrust(projectFile string) (hash string, keys []string, err error) {
 		part[k] = v
 		if tbl, ok := v.(map[string]any); ok {
 			for sk := range tbl {
-				keys = append(keys, k+"."+sk)
+				keys = append(keys, k+"."+tomlKey(sk))
 			}
 		} else {
 			keys = append(keys, k)
@@ -116,4 +117,63 @@ func (m *Manager) CheckTrust(p *Project, trust bool) error {
 	}
 	st.TrustedProjectConfig = hash
 	return SaveState(p.Names.StateDir, st)
+}
+
+// TrustedSettings lists the settings of the checkout's own configuration
+// that need trust, each as `key = value` in TOML-like form (secrets show
+// their source reference and hosts, never a value), sorted.
+func (m *Manager) TrustedSettings(p *Project) ([]string, error) {
+	file := SourcesFor(p.ID, m.Dirs, nil, nil).ProjectFile
+	_, keys, err := projectTrust(file)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return keys, nil
+	}
+	layer, err := parseConfigLayer(data, file)
+	if err != nil {
+		return keys, nil
+	}
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		v := lookupDotted(layer, k)
+		b, err := json.Marshal(v)
+		if err != nil || v == nil {
+			out = append(out, k)
+			continue
+		}
+		out = append(out, k+" = "+string(b))
+	}
+	return out, nil
+}
+
+// lookupDotted finds a dotted key ("secrets.GH", "network.allow") in a
+// parsed layer; a key segment may itself hold dots (home targets), so the
+// first segment is the table and the rest is one key.
+func lookupDotted(m map[string]any, key string) any {
+	top, rest, ok := strings.Cut(key, ".")
+	v := m[top]
+	if !ok {
+		return v
+	}
+	tbl, _ := v.(map[string]any)
+	if tbl == nil {
+		return nil
+	}
+	return tbl[strings.Trim(rest, `"`)]
+}
+
+// tomlKey quotes a key that is not a bare TOML key.
+func tomlKey(k string) string {
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return strconv.Quote(k)
+		}
+	}
+	if k == "" {
+		return `""`
+	}
+	return k
 }

@@ -36,7 +36,7 @@ func (f *projectFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.dir, "dir", "C", "", "checkout directory (default: the current directory)")
 	cmd.Flags().StringVarP(&f.agent, "agent", "a", "", "agent to use (default: the configured agent)")
 	cmd.Flags().StringArrayVar(&f.set, "set", nil, "override a config key, e.g. --set resources.cpus=2 (repeatable)")
-	cmd.Flags().BoolVar(&f.trust, "trust", false, "accept the checkout's own secrets, home mappings, mounts and egress settings (see `agents-sandbox trust`)")
+	cmd.Flags().BoolVar(&f.trust, "trust", false, "accept the checkout's own secrets, home mappings, mounts and egress settings (see: agents-sandbox trust --help)")
 }
 
 // manager builds the Manager for this invocation.

@@ -20,14 +20,26 @@ content.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.trust = true
-			_, p, err := a.open(cmd.Context(), f)
+			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.streams.Out, "trusted the project configuration of %s\n", p.ID.ProjectDir)
+			keys, err := m.TrustedSettings(p)
+			if err != nil {
+				return err
+			}
+			if len(keys) == 0 {
+				fmt.Fprintf(a.streams.Out, "%s: the checkout's configuration sets nothing that needs trust\n", p.ID.ProjectDir)
+				return nil
+			}
+			fmt.Fprintf(a.streams.Out, "trusted these settings of %s/.agents-sandbox/config.toml:\n", p.ID.ProjectDir)
+			for _, k := range keys {
+				fmt.Fprintf(a.streams.Out, "  %s\n", k)
+			}
 			return nil
 		},
 	}
-	f.register(cmd)
+	cmd.Flags().StringVarP(&f.dir, "dir", "C", "", "checkout directory (default: the current directory)")
+	cmd.Flags().StringVarP(&f.agent, "agent", "a", "", "agent to use (default: the configured agent)")
 	return cmd
 }
