@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -258,7 +259,16 @@ func (m *Manager) runningVM(ctx context.Context, p *Project) (string, string, er
 	name, vm, err := m.findVM(ctx, p)
 	if err != nil {
 		if isNotFound(err) {
-			return "", "", fmt.Errorf("VM %q: %w: create it first (agents-sandbox create, or the sandbox_create tool)", p.Names.VM, ErrNotFound)
+			hint := ""
+			if others, lerr := m.RT.ListVMs(ctx, map[string]string{LabelKind: string(KindVM), LabelCheckout: p.ID.CheckoutSlug}); lerr == nil && len(others) > 0 {
+				var agents []string
+				for _, o := range others {
+					agents = append(agents, o.Labels[LabelAgent])
+				}
+				sort.Strings(agents)
+				hint = fmt.Sprintf("; this checkout has a VM for agent %s: pass --agent %s (tools: \"agent\"), or set agent = %q in the config", strings.Join(agents, ", "), agents[0], agents[0])
+			}
+			return "", "", fmt.Errorf("VM %q: %w: create it first (agents-sandbox create, or the sandbox_create tool)%s", p.Names.VM, ErrNotFound, hint)
 		}
 		return "", "", err
 	}
