@@ -270,6 +270,12 @@ if [ ! -f "$repo/HEAD" ]; then
   git -C "$tmp" config filter.lfs.required false
   mv "$tmp" "$repo"
 fi
+for kv in "user.name=$AS_USER_NAME" "user.email=$AS_USER_EMAIL"; do
+  k=${kv%%=*}; v=${kv#*=}
+  if [ -n "$v" ] && ! git config --global --get "$k" >/dev/null 2>&1 && ! g config --get "$k" >/dev/null 2>&1; then
+    g config "$k" "$v"
+  fi
+done
 if has_session "$n"; then
   old=$(g config --get "agents-sandbox.$n.base" || true)
   if [ -n "$AS_BASE_GIVEN" ] && [ "$old" != "$AS_BASE" ]; then
@@ -633,10 +639,15 @@ func (m *Manager) openWorktreeIn(ctx context.Context, p *Project, vm, user strin
 	if spec.Base != "" {
 		given = "1"
 	}
+	// The host repository's commit identity, so that the agent can commit
+	// in the session (read only; a git identity set inside the VM wins).
+	userName, _, _ := hostGit(ctx, p, "config", "--get", "user.name")
+	userEmail, _, _ := hostGit(ctx, p, "config", "--get", "user.email")
 	var out bytes.Buffer
 	warnings, err := m.worktreeScript(ctx, vm, user, what, worktreeOpenScript, map[string]string{
 		"AS_NAME": spec.Name, "AS_BASE": base.Spec, "AS_BASE_GIVEN": given, "AS_BASE_COMMIT": base.Commit,
 		"AS_BASE_REF": base.Ref, "AS_BASE_ERR": baseErrText, "AS_SUBDIR": subdir, "AS_MODULE_DIRS": strings.Join(modules, " "),
+		"AS_USER_NAME": strings.TrimSpace(userName), "AS_USER_EMAIL": strings.TrimSpace(userEmail),
 	}, &out)
 	if err != nil {
 		return WorktreeSession{}, err
