@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os/exec"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -109,7 +111,7 @@ func newKillCommand(a *app) *cobra.Command {
 
 func newRemoveCommand(a *app) *cobra.Command {
 	var f projectFlags
-	var volume, yes bool
+	var volume, yes, discard bool
 	cmd := &cobra.Command{
 		Use:     "remove",
 		Aliases: []string{"rm"},
@@ -120,6 +122,13 @@ func newRemoveCommand(a *app) *cobra.Command {
 			m, p, err := a.open(cmd.Context(), f)
 			if err != nil {
 				return err
+			}
+			if volume && !discard {
+				// Worktree sessions live on the home volume: refuse to drop
+				// work that exists nowhere else.
+				if held := unexportedWork(cmd.Context(), m, p); len(held) > 0 {
+					return fmt.Errorf("the home volume of %s holds worktree sessions with work not exported to the host: %s: %w: export them first (agents-sandbox worktree export NAME), or pass --discard-worktrees", p.Names.VM, strings.Join(held, "; "), sandbox.ErrConflict)
+				}
 			}
 			if volume && !yes {
 				if !a.isTerminal(a.streams.In) {
@@ -151,6 +160,7 @@ func newRemoveCommand(a *app) *cobra.Command {
 	f.register(cmd)
 	cmd.Flags().BoolVar(&volume, "volume", false, "also delete the home volume (asks first on a terminal)")
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask before deleting the home volume")
+	cmd.Flags().BoolVar(&discard, "discard-worktrees", false, "with --volume: delete worktree sessions with unexported work too")
 	return cmd
 }
 
@@ -406,4 +416,31 @@ with git apply. Without CMD the agent's headless command runs with --prompt.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "capture output and print the result (with the diff) as JSON")
 	addWorktreeFlag(cmd, &worktree)
 	return cmd
+}
+
+// unexportedWork lists the worktree sessions in the project's VM whose work
+// exists only there: uncommitted changes, or commits the host's branch
+// agents-sandbox/NAME does not point at. A VM that is missing has none.
+func unexportedWork(ctx context.Context, m *sandbox.Manager, p *sandbox.Project) []string {
+	if !p.ID.Git {
+		return nil
+	}
+	sessions, err := m.Worktrees(ctx, p, sandbox.WorktreeListOptions{})
+	if err != nil {
+		return nil
+	}
+	var held []string
+	for _, s := range sessions {
+		exported := false
+		if out, err := exec.CommandContext(ctx, "git", "-C", p.ID.Dir, "rev-parse", "-q", "--verify", "refs/heads/"+s.Branch).Output(); err == nil {
+			exported = strings.TrimSpace(string(out)) == s.Head
+		}
+		switch {
+		case s.Dirty:
+			held = append(held, s.Name+" (uncommitted changes)")
+		case s.Ahead > 0 && !exported:
+			held = append(held, fmt.Sprintf("%s (%d commits not exported)", s.Name, s.Ahead))
+		}
+	}
+	return held
 }
