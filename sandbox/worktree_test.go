@@ -695,6 +695,10 @@ func TestWorktreeCLI(t *testing.T) {
 			t.Errorf("git apply --check of the diff on feature: %v: %s", err, b)
 		}
 	}
+	// The session's commit exists only in the VM: rm --volume refuses.
+	if _, errOut, code := cli("rm", "--volume", "--yes"); code == 0 || !strings.Contains(errOut, "c (1 commits not exported)") || !strings.Contains(errOut, "--discard-worktrees") {
+		t.Errorf("rm --volume with unexported work: exit %d, stderr %q", code, errOut)
+	}
 	if out, errOut, code := cli("worktree", "export", "c"); code != 0 || !strings.Contains(out, "agents-sandbox/c") {
 		t.Errorf("worktree export: %q %q exit %d", out, errOut, code)
 	}
