@@ -285,9 +285,12 @@ func newPruneCommand(a *app) *cobra.Command {
 		Long: `Remove what agents-sandbox made and no longer needs, on every checkout (or with
 --dir only that checkout's), found by our labels only: stopped task sandboxes and
 running ones whose spawner died, VMs unused for longer than --age (their home
-volumes only with --volumes), runner images no VM uses, and dangling layers of
-our builds. Nothing else on the engine is touched. It prints what it removed
-(or with --dry-run what it would remove) and the space freed.`,
+volumes only with --volumes), runner images no VM uses, secret proxies left
+running by VMs that stopped when idle, unused proxy images (without --dir), and
+dangling layers of our builds. Images built in the last 10 minutes are left to
+the run that is about to use them. Nothing else on the engine is touched. It
+prints what it removed (or with --dry-run what it would remove) and the space
+freed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d, err := parseAge(age)
