@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -155,7 +156,7 @@ func ServeMCP(ctx context.Context, o Options, in io.Reader, out io.Writer) error
 	}
 	server.WithWorkerPoolSize(min(workers, 100))(stdio)
 	server.WithQueueSize(1000)(stdio)
-	err = stdio.Listen(ctx, in, out)
+	err = stdio.Listen(ctx, newBoundedLines(in, MaxMessageBytes, o.Log), out)
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe) {
 		return nil
 	}
@@ -172,4 +173,59 @@ func (w zerologWriter) Write(p []byte) (int, error) {
 	}
 	w.l.Warn().Msg(msg)
 	return len(p), nil
+}
+
+// boundedLines passes newline-delimited messages through unchanged, except
+// that a line longer than max is skipped (in pieces, never held whole) and
+// replaced by a line that is not JSON, which the MCP server answers with a
+// parse error (-32700). mcp-go itself reads lines without a limit.
+type boundedLines struct {
+	r       *bufio.Reader
+	max     int
+	pending []byte
+	log     zerolog.Logger
+}
+
+func newBoundedLines(in io.Reader, max int, log zerolog.Logger) *boundedLines {
+	return &boundedLines{r: bufio.NewReaderSize(in, 64<<10), max: max, log: log}
+}
+
+func (b *boundedLines) Read(p []byte) (int, error) {
+	for len(b.pending) == 0 {
+		line, err := b.readLine()
+		if len(line) > 0 {
+			b.pending = line
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, b.pending)
+	b.pending = b.pending[n:]
+	return n, nil
+}
+
+// readLine returns the next line with its newline, or the replacement for
+// an oversized one.
+func (b *boundedLines) readLine() ([]byte, error) {
+	var buf []byte
+	for {
+		chunk, err := b.r.ReadSlice('\n')
+		if len(buf)+len(chunk) > b.max+1 {
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = b.r.ReadSlice('\n')
+			}
+			b.log.Warn().Int("limit_bytes", b.max).Msg("a message over the size limit was skipped")
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, err
+			}
+			return []byte("message over the 16 MiB limit\n"), nil
+		}
+		buf = append(buf, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return buf, err
+	}
 }
