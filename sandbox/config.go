@@ -710,7 +710,12 @@ func flagLayer(flags map[string]string) (map[string]any, error) {
 	out := map[string]any{}
 	for key, val := range flags {
 		if _, ok := ScalarKeys[key]; !ok {
-			return nil, &ConfigError{Source: "flag", Key: key, Msg: "not a settable key"}
+			keys := make([]string, 0, len(ScalarKeys))
+			for k := range ScalarKeys {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			return nil, &ConfigError{Source: "flag", Key: key, Msg: "not a key a flag can set; use one of: " + strings.Join(keys, ", ")}
 		}
 		v, err := parseScalar(key, val)
 		if err != nil {
