@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -432,7 +433,7 @@ func parseConfigLayer(data []byte, source string) (map[string]any, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, &ConfigError{Source: source, Key: keys[0], Msg: "unknown key (see schemas/config.schema.json for the keys; check its spelling and table)" + moreKeys(keys)}
+		return nil, &ConfigError{Source: source, Key: keys[0], Msg: "unknown key" + didYouMean(keys[0]) + " (the keys are in the README's Configuration section and schemas/config.schema.json; check its spelling and table)" + moreKeys(keys)}
 	}
 	if err := checkKeyCase(md); err != nil {
 		return nil, &ConfigError{Source: source, Key: err.Error(), Msg: "keys are lower-case snake_case; check its spelling"}
@@ -919,3 +920,69 @@ func ParseBytes(s string) (int64, error) {
 }
 
 var bytesRe = regexp.MustCompile(`^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:([kmgt])(?:i?b)?|b)?$`)
+
+// didYouMean suggests the known key closest to the last part of an unknown
+// dotted key, as " (did you mean X?)", or "".
+func didYouMean(key string) string {
+	parts := strings.Split(key, ".")
+	last := strings.Trim(parts[len(parts)-1], `"`)
+	best, bestD := "", 3
+	for _, k := range configFieldNames(reflect.TypeOf(Config{}), nil) {
+		if d := editDistance(last, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	if best == "" || best == last {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// configFieldNames lists the toml names of every struct field reachable
+// from t (through maps, slices and pointers).
+func configFieldNames(t reflect.Type, seen map[reflect.Type]bool) []string {
+	for t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	if seen == nil {
+		seen = map[reflect.Type]bool{}
+	}
+	if seen[t] {
+		return nil
+	}
+	seen[t] = true
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name != "" && name != "-" {
+			out = append(out, name)
+		}
+		out = append(out, configFieldNames(f.Type, seen)...)
+	}
+	return out
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

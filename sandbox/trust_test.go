@@ -81,3 +81,30 @@ func TestTrustProjectConfig(t *testing.T) {
 		t.Errorf("SkipTrust: %v", err)
 	}
 }
+
+// An unknown key's error suggests the known key it is closest to.
+func TestConfigUnknownKeySuggestion(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for body, want := range map[string]string{
+		"idle_timout = \"5m\"\n":                `did you mean "idle_timeout"?`,
+		"[secrets.X]\nfromm = \"env:X\"\n":      `did you mean "from"?`,
+		"[resources]\ncpu = 2\n":                `did you mean "cpus"?`,
+		"completely_unrelated_setting = true\n": "",
+	} {
+		file := filepath.Join(dir, "config.toml")
+		if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := sandbox.LoadConfig(sandbox.ConfigSources{ProjectFile: file})
+		if err == nil || !strings.Contains(err.Error(), "unknown key") {
+			t.Fatalf("%q: err = %v, want an unknown key error", body, err)
+		}
+		if want == "" && strings.Contains(err.Error(), "did you mean") {
+			t.Errorf("%q: %v suggests a key though none is close", body, err)
+		}
+		if want != "" && !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %s", body, err, want)
+		}
+	}
+}
