@@ -730,26 +730,37 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 	}
 	say("building image %s from %s (%s)", names.RunnerImage, what, shortHash(plan.Hash))
 
-	pr, pw := io.Pipe()
-	tarDone := make(chan error, 1)
-	go func() {
-		err := plan.Tar(pw)
-		_ = pw.CloseWithError(err)
-		tarDone <- err
-	}()
-	img, err := rt.BuildImage(ctx, BuildRequest{
-		Context:        pr,
-		DockerfilePath: plan.DockerfilePath,
-		Tags:           []string{names.RunnerImage},
-		Labels:         labels,
-		BuildArgs:      plan.BuildArgs,
-		NoCache:        rebuild,
-	}, progress)
-	// The builder may stop reading early (a failed build): unblock the writer.
-	_ = pr.CloseWithError(errBuildDone)
-	tarErr := <-tarDone
-	if errors.Is(tarErr, errBuildDone) {
-		tarErr = nil
+	build := func() (Image, error, error) {
+		pr, pw := io.Pipe()
+		tarDone := make(chan error, 1)
+		go func() {
+			err := plan.Tar(pw)
+			_ = pw.CloseWithError(err)
+			tarDone <- err
+		}()
+		img, err := rt.BuildImage(ctx, BuildRequest{
+			Context:        pr,
+			DockerfilePath: plan.DockerfilePath,
+			Tags:           []string{names.RunnerImage},
+			Labels:         labels,
+			BuildArgs:      plan.BuildArgs,
+			NoCache:        rebuild,
+		}, progress)
+		// The builder may stop reading early (a failed build): unblock the writer.
+		_ = pr.CloseWithError(errBuildDone)
+		tarErr := <-tarDone
+		if errors.Is(tarErr, errBuildDone) {
+			tarErr = nil
+		}
+		return img, err, tarErr
+	}
+	img, err, tarErr := build()
+	if err != nil && tarErr == nil && cacheRace(err) {
+		// Another build's image was removed with its untagged parents
+		// while this build stood on one of them as layer cache (the
+		// classic builder's cache is shared): build once more.
+		say("a cached layer vanished during the build (an image was removed meanwhile); building again")
+		img, err, tarErr = build()
 	}
 	switch {
 	case tarErr != nil && err != nil:
@@ -768,6 +779,13 @@ func EnsureImage(ctx context.Context, rt Runtime, id Identity, names Names, plan
 	res.Built = true
 	say("built image %s in %s", names.RunnerImage, time.Since(start).Round(100*time.Millisecond))
 	return finish(img, names.RunnerImage)
+}
+
+// cacheRace reports whether a failed build lost a cached layer that was
+// removed during the build.
+func cacheRace(err error) bool {
+	msg := err.Error()
+	return errors.Is(err, ErrBuildFailed) && (strings.Contains(msg, "failed to get digest") || strings.Contains(msg, "No such image") || strings.Contains(msg, "no such image"))
 }
 
 // errBuildDone ends the build context's pipe once the builder returned.
