@@ -63,6 +63,8 @@ type dispatcher struct {
 	log    zerolog.Logger
 	tools  []*served
 	byName map[string]*served
+	// pw is the MCP stdio output when serving stdio (see progressWriter).
+	pw *progressWriter
 }
 
 func newDispatcher(o Options) (*dispatcher, error) {

@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"sync"
 	"time"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
@@ -31,10 +33,18 @@ const instructions = `agents-sandbox gives a coding agent its own sandbox VM per
 // o.ProgressInterval, coalesced). notifications/cancelled cancels the call's
 // context, which stops the work it started.
 func NewMCPServer(o Options) (*server.MCPServer, error) {
+	return newMCPServer(o, nil)
+}
+
+// newMCPServer is NewMCPServer; pw, when set, is the stdio output, which a
+// call watches so that its progress notifications are written before its
+// result.
+func newMCPServer(o Options, pw *progressWriter) (*server.MCPServer, error) {
 	d, err := newDispatcher(o)
 	if err != nil {
 		return nil, err
 	}
+	d.pw = pw
 	s := server.NewMCPServer("agents-sandbox", versionOr(o.Version),
 		server.WithToolCapabilities(false),
 		server.WithInstructions(instructions),
@@ -87,14 +97,22 @@ func (d *dispatcher) mcpHandler(s *server.MCPServer, sv *served) server.ToolHand
 				if p.Message != "" {
 					params["message"] = p.Message
 				}
-				return s.SendNotificationToClient(ctx, "notifications/progress", params)
+				err := s.SendNotificationToClient(ctx, "notifications/progress", params)
+				if err == nil && d.pw != nil {
+					d.pw.queued()
+				}
+				return err
 			})
 			progress = th.report
 		}
 		res, terr := d.call(ctx, sv, args, progress)
 		if th != nil {
 			th.close()
-			drainNotifications(ctx)
+			if d.pw != nil {
+				d.pw.waitWritten(2 * time.Second)
+			} else {
+				drainNotifications(ctx)
+			}
 		}
 		if terr != nil {
 			return mcpgo.NewToolResultError(terr.Message), nil
@@ -144,10 +162,12 @@ func drainNotifications(ctx context.Context) {
 // have been cancelled and have returned. Only one may run per process (the
 // stdio session of mcp-go is process-wide).
 func ServeMCP(ctx context.Context, o Options, in io.Reader, out io.Writer) error {
-	s, err := NewMCPServer(o)
+	pw := newProgressWriter(out)
+	s, err := newMCPServer(o, pw)
 	if err != nil {
 		return err
 	}
+	out = pw
 	stdio := server.NewStdioServer(s)
 	stdio.SetErrorLogger(log.New(zerologWriter{o.Log.With().Str("frontend", "mcp").Logger()}, "", 0))
 	workers := o.Workers
@@ -228,4 +248,60 @@ func (b *boundedLines) readLine() ([]byte, error) {
 		}
 		return buf, err
 	}
+}
+
+// progressWriter is the stdio output of the MCP server. It counts the
+// progress notifications written, so that a call can wait until the ones it
+// queued are out before its result is written: mcp-go writes notifications
+// from a goroutine of their own, and a client (the TypeScript SDK) drops
+// progress that arrives after the result.
+type progressWriter struct {
+	w       io.Writer
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced whenever written grows
+	sent    int64         // queued with mcp-go
+	written int64         // written to w
+}
+
+func newProgressWriter(w io.Writer) *progressWriter {
+	return &progressWriter{w: w, changed: make(chan struct{})}
+}
+
+// Write writes one message (mcp-go writes each with one call).
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if bytes.Contains(b, []byte(`"notifications/progress"`)) {
+		p.mu.Lock()
+		p.written++
+		close(p.changed)
+		p.changed = make(chan struct{})
+		p.mu.Unlock()
+	}
+	return n, err
+}
+
+func (p *progressWriter) queued() {
+	p.mu.Lock()
+	p.sent++
+	p.mu.Unlock()
+}
+
+// waitWritten waits (at most max) until every notification queued so far
+// has been written.
+func (p *progressWriter) waitWritten(max time.Duration) {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	p.mu.Lock()
+	target := p.sent
+	for p.written < target {
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return
+		}
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
 }
