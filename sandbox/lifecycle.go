@@ -180,16 +180,7 @@ type imageState struct {
 // instead of building a second one that moves the tag and leaves the first
 // dangling (and a VM made from it recreated at once).
 func (m *Manager) ensureImage(ctx context.Context, p *Project, opts CreateOptions) (imageState, error) {
-	plan, err := PlanImage(p.ID, p.Config, p.Agent, m.HostUID, m.HostGID)
-	if err != nil {
-		return imageState{}, err
-	}
-	lock, err := AcquireLock(ctx, LockFile(p.Names.StateDir, "image-"+p.Names.Agent))
-	if err != nil {
-		return imageState{}, fmt.Errorf("image %s: %w", p.Names.RunnerImage, err)
-	}
-	defer lock.Unlock()
-	ir, err := EnsureImage(ctx, m.RT, p.ID, p.Names, plan, opts.Rebuild, opts.Progress)
+	ir, err := m.ensureRunnerImage(ctx, p, opts.Rebuild, opts.Progress)
 	if err != nil {
 		return imageState{}, err
 	}
@@ -518,6 +509,12 @@ func (m *Manager) Build(ctx context.Context, p *Project, rebuild bool, progress 
 	if err := m.checkOCIRuntime(ctx, p); err != nil {
 		return ImageResult{}, err
 	}
+	return m.ensureRunnerImage(ctx, p, rebuild, progress)
+}
+
+// ensureRunnerImage plans the project's image and runs EnsureImage under
+// the checkout's per-agent image lock.
+func (m *Manager) ensureRunnerImage(ctx context.Context, p *Project, rebuild bool, progress ProgressFunc) (ImageResult, error) {
 	plan, err := PlanImage(p.ID, p.Config, p.Agent, m.HostUID, m.HostGID)
 	if err != nil {
 		return ImageResult{}, err

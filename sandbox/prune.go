@@ -227,21 +227,8 @@ func (m *Manager) Prune(ctx context.Context, o PruneOptions) (PruneResult, error
 			continue // untagged ones go with the dangling layers below
 		}
 		name := img.Tags[0]
-		if !o.DryRun {
-			// Untag each name, then the ID: removing by ID fails for an
-			// image with several tags.
-			refs := append(append([]string{}, img.Tags...), img.ID)
-			kept := false
-			for _, ref := range refs {
-				if err := m.RT.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
-					m.Log.Warn().Err(err).Str("image", name).Msg("prune: image still in use, kept")
-					kept = true
-					break
-				}
-			}
-			if kept {
-				continue
-			}
+		if !o.DryRun && !m.removeImage(ctx, img.Tags, img.ID, name) {
+			continue
 		}
 		add(Pruned{Kind: KindRunner, Name: name, Reason: "runner image no VM uses", Bytes: img.Size})
 	}
@@ -482,20 +469,23 @@ func (m *Manager) pruneProxies(ctx context.Context, o PruneOptions, sel func(Kin
 		if len(tags) > 0 {
 			name = tags[0]
 		}
-		if !o.DryRun {
-			kept := false
-			for _, ref := range append(tags, img.ID) {
-				if err := m.RT.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
-					m.Log.Warn().Err(err).Str("image", name).Msg("prune: proxy image still in use, kept")
-					kept = true
-					break
-				}
-			}
-			if kept {
-				continue
-			}
+		if !o.DryRun && !m.removeImage(ctx, tags, img.ID, name) {
+			continue
 		}
 		out = append(out, Pruned{Kind: KindProxy, Name: name, Reason: "proxy image no container uses", Bytes: img.Size})
 	}
 	return out, nil
+}
+
+// removeImage untags each of tags, then removes the image by id (removing
+// by ID fails for an image with several tags). It reports false, logging
+// why, when the engine keeps the image (a container still uses it).
+func (m *Manager) removeImage(ctx context.Context, tags []string, id, name string) bool {
+	for _, ref := range append(append([]string{}, tags...), id) {
+		if err := m.RT.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
+			m.Log.Warn().Err(err).Str("image", name).Msg("prune: image still in use, kept")
+			return false
+		}
+	}
+	return true
 }
